@@ -10,10 +10,14 @@ from .config import KernelConfig
 from .problem import ARCHES, GemmProblem, ProblemError
 from .rules import is_valid
 
-CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4))
+# (4, 4) is rejected by cluster_shape (16 CTAs is not a portable cluster size).
+CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4), (4, 4))
 
 # Values each knob may take before the rules filter; tile_n runs in steps of 16 to 64, then 32,
-# plus quack's 208 (the widest pingpong tile at tile_m 128).
+# plus quack's 208 (the widest pingpong tile at tile_m 128). Each axis also holds the nearest
+# values that some rule rejects (sm90 dynamic persistence, sm100 pingpong and tile_n 512, the
+# 4x4 cluster), so every rule is exercised by the grid and `cutetune space check --rejected`
+# can put each one before the compiler; they never reach the valid space.
 AXES: dict[str, dict[str, tuple]] = {
     "sm90": {
         "tile_m": (64, 128, 192, 256),
@@ -23,12 +27,12 @@ AXES: dict[str, dict[str, tuple]] = {
         "swap_ab": (False, True),
         "max_swizzle_size": (1, 8),
         "split_k": (1, 2, 4),
-        "is_dynamic_persistent": (False,),
+        "is_dynamic_persistent": (False, True),
     },
     "sm100": {
         "tile_m": (64, 128, 256),
-        "tile_n": (16, 32, 64, 96, 128, 160, 192, 224, 256),
-        "pingpong": (False,),
+        "tile_n": (16, 32, 64, 96, 128, 160, 192, 224, 256, 512),
+        "pingpong": (False, True),
         "cluster": CLUSTERS,
         "swap_ab": (False, True),
         "max_swizzle_size": (1, 8),

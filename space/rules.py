@@ -92,11 +92,11 @@ def sm90_tile_m(c: KernelConfig, arch: str) -> bool:
 def sm90_tile_n(c: KernelConfig, arch: str) -> bool:
     """sm90 CTA tile N must be a multiple of 16 within the per-mode maximum: pingpong 256/208/128
     for tile_m 64/128/192; cooperative tile_m 192 needs a multiple of 32 up to 256, others up
-    to 256 (GemmSm90.__init__'s tile checks)."""
+    to 256 (GemmSm90.__init__'s tile checks). A tile_m outside these is sm90_tile_m's to reject."""
     if c.tile_n % 16 or c.tile_n < 16:
         return False
     if c.pingpong:
-        return c.tile_n <= {64: 256, 128: 208, 192: 128}.get(c.tile_m, 0)
+        return c.tile_n <= {64: 256, 128: 208, 192: 128}.get(c.tile_m, 256)
     if c.tile_m == 192:
         return c.tile_n % 32 == 0 and c.tile_n <= 256
     return c.tile_n <= 256
@@ -106,14 +106,16 @@ def sm90_tile_n(c: KernelConfig, arch: str) -> bool:
 def sm90_accumulator_fits_registers(c: KernelConfig, arch: str) -> bool:
     """The fp32 accumulator must leave room in the MMA warpgroups' 240-register budget (quack's
     setmaxnreg split): at most 208 accumulator registers per thread, the most quack ships
-    (128x208 pingpong, 256x208 cooperative); more spills to local memory."""
+    (128x208 pingpong, 256x208 cooperative); more spills to local memory. A design choice: the
+    compiler accepts such tiles (256x256 cooperative compiles), they are just slow."""
     return accumulator_registers(c) <= 208
 
 
 @_rule("sm90")
 def sm90_static_scheduler(c: KernelConfig, arch: str) -> bool:
     """The dynamic persistent scheduler on sm90 needs a zeroed global semaphore per call; quack
-    leaves it off on sm90 and so do we (it is an sm100 knob, via CLC)."""
+    leaves it off on sm90 and so do we (it is an sm100 knob, via CLC). A design choice: the
+    compiler accepts it."""
     return not c.is_dynamic_persistent
 
 
@@ -121,7 +123,8 @@ def sm90_static_scheduler(c: KernelConfig, arch: str) -> bool:
 @_rule("sm100")
 def sm100_no_pingpong(c: KernelConfig, arch: str) -> bool:
     """sm100 kernels have no pingpong mode: one MMA warp drives tcgen05 (quack's sm100 list
-    sets pingpong=False)."""
+    sets pingpong=False). GemmSm100 ignores the flag, so the compiler accepts it; the rule keeps
+    a pingpong=True twin of every sm100 kernel out of the space."""
     return not c.pingpong
 
 
@@ -136,8 +139,10 @@ def sm100_tile_m(c: KernelConfig, arch: str) -> bool:
 
 @_rule("sm100")
 def sm100_tile_n(c: KernelConfig, arch: str) -> bool:
-    """sm100 MMA tile N must be a multiple of 16 from 16 to 256 (tcgen05 N range for 16-bit
-    operands; quack's own list spans 16..256)."""
+    """sm100 MMA tile N must be a multiple of 16 from 16 to 256 (the tcgen05 N range for 16-bit
+    operands). Wider tiles (quack ships one 256x512) are a design choice left out: they take two
+    MMAs per k-block and all 512 TMEM columns for the fp32 accumulator, leaving no second
+    accumulator stage to overlap the epilogue; the compiler accepts them."""
     return c.tile_n % 16 == 0 and 16 <= c.tile_n <= 256
 
 
@@ -145,23 +150,20 @@ def sm100_tile_n(c: KernelConfig, arch: str) -> bool:
 @_rule("sm90", "sm100")
 def cluster_shape(c: KernelConfig, arch: str) -> bool:
     """Cluster dims must be powers of two with at most 8 CTAs per cluster (the portable cluster
-    size; TMA multicast spans a cluster row or column)."""
+    size; TMA multicast spans a cluster row or column). A launch limit, not a compile one: the
+    compiler accepts 4x4 and 3x1 clusters, but more than 8 CTAs must be opted into at launch,
+    and non-power-of-two dims are outside quack's validity check (GemmSm100's
+    is_valid_mma_tiler_and_cluster_shape)."""
     pow2 = lambda x: x > 0 and x & (x - 1) == 0  # noqa: E731
     return pow2(c.cluster_m) and pow2(c.cluster_n) and c.cluster_size <= 8
-
-
-@_rule("sm90", "sm100")
-def smem_holds_two_stages(c: KernelConfig, arch: str) -> bool:
-    """Shared memory must hold at least two A/B pipeline stages next to the epilogue buffer,
-    or the TMA loads cannot overlap the MMAs."""
-    return pipeline_stages(c, arch) >= 2
 
 
 @_rule("sm90", "sm100")
 def split_k_design(c: KernelConfig, arch: str) -> bool:
     """Split-K (1, 2 or 4) is for small-M/N, long-K problems, where tiles are few: it is paired
     only with tile_m <= 128 and clusters of at most 2 CTAs, the shapes such problems pick.
-    Larger tiles with split-K never fill the device better than without."""
+    Larger tiles with split-K never fill the device better than without. A design choice that
+    keeps the space small: the compiler accepts the other pairings."""
     if c.split_k == 1:
         return True
     return c.split_k in (2, 4) and c.tile_m <= 128 and c.cluster_size <= 2

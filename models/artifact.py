@@ -1,0 +1,169 @@
+"""The trained cost model as one versioned JSON file, and the object that answers queries.
+
+The file holds the XGBoost boosters (UBJ, base64) next to what is needed to trust them: arch,
+dtype and device, the feature schema (space.features.FEATURE_NAMES at training time), package
+versions, the sha256 of the training data and the held-out metrics. Loading checks all of it
+against this installation and names the file and the mismatch instead of mis-predicting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from cutetune.space.config import KernelConfig
+from cutetune.space.device import DeviceSpec, device_for
+from cutetune.space.features import FEATURE_NAMES
+from cutetune.space.problem import GemmProblem, ProblemError
+from cutetune.space.rules import violations
+
+from .fallback import CublasFallback, fallback_inputs
+from .features import ConfigTable, arch_config_table, problem_descriptors
+from .learners import BoosterModel
+
+FORMAT = "cutetune-cost-model"
+FORMAT_VERSION = 1
+
+
+class ModelError(ValueError):
+    """A model file that cannot be used: missing, corrupt, or made for something else."""
+
+
+def shipped_model_path(arch: str = "sm90", dtype: str = "bf16") -> Path:
+    return Path(str(resources.files("cutetune") / "data" / f"cost_model_{arch}_{dtype}.json"))
+
+
+@dataclass
+class CostModel:
+    """Ranks kernel configs of a problem by predicted time.
+
+    ``ranker`` orders configs; ``timer`` predicts log times (ms) and is the ranker itself
+    when the ranker is a regression. ``fallback`` (optional) says when cuBLAS is the safer bet.
+    """
+
+    arch: str
+    dtype: str
+    device: DeviceSpec
+    ranker: BoosterModel
+    timer: BoosterModel
+    fallback: CublasFallback | None = None
+    metadata: dict = field(default_factory=dict)
+    _space: ConfigTable | None = field(default=None, repr=False)
+
+    def _check(self, problem: GemmProblem) -> None:
+        if (problem.arch, problem.dtype) != (self.arch, self.dtype):
+            raise ProblemError(f"this cost model is for {self.arch}/{self.dtype}; the problem is "
+                               f"{problem.arch}/{problem.dtype}")
+
+    def _table(self, problem: GemmProblem, configs) -> tuple[ConfigTable, np.ndarray | None]:
+        """The configs to score and a row mask: all valid ones of the arch when ``configs`` is
+        None; else ``configs`` as given, each checked valid for the problem."""
+        if configs is None:
+            if self._space is None:
+                self._space = arch_config_table(self.arch)
+            return self._space, self._space.valid_mask(problem)
+        configs = list(configs)
+        if not configs:
+            raise ValueError("no configs to rank")
+        for c in configs:
+            bad = violations(c, self.arch, problem)
+            if bad:
+                raise ValueError(f"config {c.short()} is invalid for {problem.key()}: "
+                                 f"{bad[0].name}: {bad[0].why}")
+        return ConfigTable.of(configs), None
+
+    def predict_log_time(self, problem: GemmProblem, configs) -> np.ndarray:
+        """Predicted natural log of the time in ms of each config on ``problem``."""
+        self._check(problem)
+        table, mask = self._table(problem, configs)
+        return self.timer.predict(table.features(problem, self.device, mask))
+
+    def rank(self, problem: GemmProblem, configs=None, top_k: int | None = None
+             ) -> list[tuple[KernelConfig, float]]:
+        """(config, predicted ms), predicted fastest first; all valid configs when None."""
+        self._check(problem)
+        table, mask = self._table(problem, configs)
+        X = table.features(problem, self.device, mask)
+        chosen = table.configs if mask is None else [c for c, ok in zip(table.configs, mask) if ok]
+        score = self.ranker.predict(X)
+        order = np.argsort(score, kind="stable")[:top_k]
+        log_ms = score[order] if self.timer is self.ranker else self.timer.predict(X[order])
+        return [(chosen[i], float(np.exp(t))) for i, t in zip(order, log_ms)]
+
+    def cublas_margin(self, problem: GemmProblem) -> float:
+        """The fallback's quantile of log(t_top1 / t_cuBLAS): below 0 means the model is that
+        confident its top-1 beats cuBLAS."""
+        if self.fallback is None:
+            raise ModelError("this cost model was trained without cuBLAS timings: no fallback")
+        (_, ms), = self.rank(problem, top_k=1)
+        x = fallback_inputs(problem_descriptors([problem], self.device), np.log([ms]))
+        return float(self.fallback.predict(x)[0])
+
+    def prefers_cublas(self, problem: GemmProblem) -> bool:
+        return self.cublas_margin(problem) > 0.0
+
+    # ------------------------------------------------------------ file format
+    def to_dict(self) -> dict:
+        d = {"format": FORMAT, "format_version": FORMAT_VERSION, "arch": self.arch,
+             "dtype": self.dtype, "device": self.device.name,
+             "feature_names": list(FEATURE_NAMES), "metadata": self.metadata,
+             "ranker": self.ranker.to_dict()}
+        if self.timer is not self.ranker:
+            d["timer"] = self.timer.to_dict()
+        if self.fallback is not None:
+            d["fallback"] = self.fallback.to_dict()
+        return d
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the model file atomically (a temporary name, then a rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True))
+        os.replace(tmp, path)
+        return path
+
+
+def load_model(path: str | os.PathLike | None = None, arch: str = "sm90",
+               dtype: str = "bf16") -> CostModel:
+    """Load a model file (None: the one shipped for ``arch``/``dtype``), checked against this
+    installation; ModelError names the file and what is wrong with it."""
+    path = Path(path) if path is not None else shipped_model_path(arch, dtype)
+    if not path.is_file():
+        hint = (" (no model is shipped for this arch/dtype yet: train one with `cutetune train`)"
+                if path == shipped_model_path(arch, dtype) else "")
+        raise ModelError(f"cost model file {path} does not exist{hint}")
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelError(f"cost model file {path} is not readable JSON: {e}") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise ModelError(f"{path} is not a cutetune cost model (format != {FORMAT!r})")
+    if d.get("format_version") != FORMAT_VERSION:
+        raise ModelError(f"cost model {path} has format version {d.get('format_version')}; "
+                         f"this cutetune reads version {FORMAT_VERSION}")
+    if (d.get("arch"), d.get("dtype")) != (arch, dtype):
+        raise ModelError(f"cost model {path} is for {d.get('arch')}/{d.get('dtype')}, "
+                         f"not the requested {arch}/{dtype}")
+    if d.get("feature_names") != list(FEATURE_NAMES):
+        theirs, ours = d.get("feature_names") or [], list(FEATURE_NAMES)
+        diff = sorted(set(theirs) ^ set(ours)) or ["(same names, different order)"]
+        raise ModelError(f"cost model {path} was trained on another feature schema than this "
+                         f"cutetune computes (differs in: {', '.join(map(str, diff[:8]))}); "
+                         f"retrain it with `cutetune train`")
+    try:
+        ranker = BoosterModel.from_dict(d["ranker"])
+        timer = BoosterModel.from_dict(d["timer"]) if "timer" in d else ranker
+        fallback = CublasFallback.from_dict(d["fallback"]) if "fallback" in d else None
+        device = device_for(d["device"])
+    except Exception as e:  # base64, xgboost and key errors all mean a damaged file
+        raise ModelError(f"cost model {path} is damaged: {type(e).__name__}: {e}") from None
+    if not timer.predicts_time:
+        raise ModelError(f"cost model {path} has no time model (timer objective "
+                         f"{timer.objective!r})")
+    return CostModel(arch, dtype, device, ranker, timer, fallback, d.get("metadata", {}))

@@ -1,0 +1,47 @@
+"""Held-out scores of each method: fit on some problems, score the rows of the others.
+
+Each row's out-of-fold score comes from the one fold model that did not see its problem, so
+per-problem metrics over the out-of-fold scores are held-out metrics of every problem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .data import Measurements
+from .evaluate import ProblemScores, score_problems
+from .methods import Method
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """A method's out-of-fold row scores over ``data`` and the per-problem metrics they give."""
+
+    method: Method
+    row_scores: np.ndarray
+    problems: ProblemScores
+    coverage: np.ndarray | None  # see Method.coverage
+
+
+def held_out_scores(data: Measurements, X: np.ndarray, method: Method,
+                    splits: list[tuple[np.ndarray, np.ndarray]], seed: int = 0) -> HeldOut:
+    """Out-of-fold scores of ``method`` over the test problems of ``splits`` (problem indices).
+
+    Rows of problems in no test set keep a nan score; the metrics cover only tested problems.
+    """
+    scores = np.full(len(data.time_ms), np.nan)
+    tested = np.zeros(data.n_problems, bool)
+    for train, test in splits:
+        if np.intersect1d(train, test).size:
+            raise ValueError("a split has problems in both train and test")
+        tr, te = data.rows_of(train), data.rows_of(test)
+        method.fit(data.subset(train), X[tr])
+        scores[te] = method.score(data.subset(test), X[te])
+        tested[test] = True
+    sub = data.subset(np.flatnonzero(tested))
+    rows = data.rows_of(np.flatnonzero(tested))
+    ps = score_problems(sub.time_ms, scores[rows], sub.group, sub.m, sub.cublas_ms, seed=seed)
+    coverage = method.coverage(sub) if method.coverage else None
+    return HeldOut(method, scores, ps, coverage)

@@ -1,0 +1,132 @@
+"""The training view of a measurement dataset: ok quack rows grouped by problem, plus the
+cuBLAS time of each problem.
+
+Rows are sorted by problem so that a problem is one contiguous run (what ranking objectives
+and the evaluation expect). Failed rows (compile errors, timeouts, ...) carry no time and are
+left out; they are counted so a report can say how many there were.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cutetune.dataset import CONFIG_COLUMNS, PROBLEM_COLUMNS, DatasetError, load, parts
+from cutetune.space.problem import GemmProblem
+
+ROW_COLUMNS = PROBLEM_COLUMNS + CONFIG_COLUMNS
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """ok quack rows (sorted by problem) and per-problem facts.
+
+    cols: problem and config columns of each row, as numpy arrays (what the feature pipeline
+    reads). group: problem index of each row. problems/suites/cublas_ms: one entry per problem;
+    cublas_ms is nan where the baseline was not measured ok.
+    """
+
+    cols: dict[str, np.ndarray]
+    time_ms: np.ndarray
+    group: np.ndarray
+    problems: tuple[GemmProblem, ...]
+    suites: np.ndarray
+    cublas_ms: np.ndarray
+    device_name: str
+    failed_rows: int = 0
+
+    @property
+    def n_problems(self) -> int:
+        return len(self.problems)
+
+    @property
+    def m(self) -> np.ndarray:
+        return np.array([p.m for p in self.problems])
+
+    def rows_of(self, problem_idx: np.ndarray) -> np.ndarray:
+        """Row indices of the given problems, in problem order."""
+        return np.flatnonzero(np.isin(self.group, problem_idx))
+
+    def subset(self, problem_idx: np.ndarray) -> "Measurements":
+        """The measurements of some problems, renumbered 0..len-1 in the given (sorted) order."""
+        problem_idx = np.sort(np.asarray(problem_idx))
+        rows = self.rows_of(problem_idx)
+        renum = np.full(self.n_problems, -1)
+        renum[problem_idx] = np.arange(len(problem_idx))
+        return Measurements(
+            cols={k: v[rows] for k, v in self.cols.items()}, time_ms=self.time_ms[rows],
+            group=renum[self.group[rows]], problems=tuple(self.problems[i] for i in problem_idx),
+            suites=self.suites[problem_idx], cublas_ms=self.cublas_ms[problem_idx],
+            device_name=self.device_name, failed_rows=0)
+
+
+def _numpy(table: pa.Table, name: str) -> np.ndarray:
+    col = table.column(name)
+    if pa.types.is_string(col.type):
+        return np.asarray(col.to_pylist(), dtype=object)
+    return col.to_numpy(zero_copy_only=False)
+
+
+def from_table(table: pa.Table) -> Measurements:
+    """Build Measurements from a dataset table (``cutetune.dataset.load``)."""
+    devices = sorted(set(table.column("device_name").drop_null().to_pylist()))
+    if len(devices) != 1:
+        raise DatasetError(f"a cost model trains on one device's timings; the dataset has "
+                           f"{devices or 'no device name'}")
+    ok = pc.equal(table.column("status"), "ok")
+    quack = table.filter(pc.and_(ok, pc.equal(table.column("backend"), "quack")))
+    failed = table.filter(pc.and_(pc.invert(ok), pc.equal(table.column("backend"), "quack")))
+    cublas = table.filter(pc.and_(ok, pc.equal(table.column("backend"), "cublas")))
+    if quack.num_rows == 0:
+        raise DatasetError("the dataset has no ok quack rows to train on")
+    # A config measured more than once (e.g. a re-run) counts once, at its median time.
+    keys = _numpy(quack, "problem_key").astype(str)
+    pair = np.char.add(np.char.add(keys, "|"), _numpy(quack, "config_key").astype(str))
+    _, inverse = np.unique(pair, return_inverse=True)
+    time_ms = _numpy(quack, "time_ms").astype(float)
+    by_pair = np.lexsort((time_ms, inverse))
+    counts = np.bincount(inverse)
+    starts = np.r_[0, np.cumsum(counts)[:-1]]
+    t_sorted = time_ms[by_pair]
+    med = 0.5 * (t_sorted[starts + (counts - 1) // 2] + t_sorted[starts + counts // 2])
+    rows = by_pair[starts]
+    order = np.argsort(keys[rows], kind="stable")
+    rows, med = rows[order], med[order]
+    keys = keys[rows]
+
+    problem_keys, group = np.unique(keys, return_inverse=True)
+    cols = {c: _numpy(quack, c)[rows] for c in ROW_COLUMNS}
+    first_row = np.searchsorted(keys, problem_keys)
+    problems = tuple(
+        GemmProblem(m=int(cols["m"][r]), n=int(cols["n"][r]), k=int(cols["k"][r]),
+                    batch=int(cols["batch"][r]), dtype=cols["dtype"][r],
+                    out_dtype=cols["out_dtype"][r], a_major=cols["a_major"][r],
+                    b_major=cols["b_major"][r], arch=cols["arch"][r])
+        for r in first_row)
+    suites = _numpy(quack, "suite")[rows][first_row]
+    suites = np.array([s if s else "unknown" for s in suites], dtype=object)
+
+    cub = dict(zip(_numpy(cublas, "problem_key"), _numpy(cublas, "time_ms").astype(float)))
+    cublas_ms = np.array([cub.get(k, np.nan) for k in problem_keys])
+    return Measurements(cols=cols, time_ms=med, group=group, problems=problems, suites=suites,
+                        cublas_ms=cublas_ms, device_name=devices[0], failed_rows=failed.num_rows)
+
+
+def load_measurements(path: str | os.PathLike) -> Measurements:
+    return from_table(load(path))
+
+
+def dataset_sha256(path: str | os.PathLike) -> str:
+    """Digest of the dataset's parts (names and bytes, in sorted order): the artifact records it
+    so a model can be traced to the exact data it was trained on."""
+    h = hashlib.sha256()
+    for f in parts(path):
+        h.update(Path(f).name.encode() + b"\0")
+        h.update(Path(f).read_bytes())
+    return h.hexdigest()

@@ -1,0 +1,90 @@
+"""When to run cuBLAS instead of the model's pick: a quantile model of the pick's slowdown.
+
+The target per problem is log(t_pick / t_cuBLAS), measured, where the pick is the cost model's
+top-1 chosen WITHOUT having seen the problem (an out-of-fold pick): an in-sample pick would be
+too good and the fallback too bold. The inputs are the problem-only features and the cost
+model's predicted log time of its pick. XGBoost fits the ``quantile`` quantile of the target;
+predicted mode falls back to cuBLAS unless that quantile is below zero, i.e. unless the model
+is ``quantile``-confident that its pick beats cuBLAS.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+
+import numpy as np
+import xgboost as xgb
+
+
+def fallback_inputs(descriptors: np.ndarray, pick_log_ms: np.ndarray) -> np.ndarray:
+    return np.column_stack([descriptors, pick_log_ms]).astype(np.float32)
+
+
+@dataclass
+class CublasFallback:
+    quantile: float = 0.75
+    n_estimators: int = 200
+    max_depth: int = 4
+    learning_rate: float = 0.05
+    seed: int = 0
+    booster: xgb.Booster | None = field(default=None, repr=False)
+
+    def fit(self, X: np.ndarray, log_ratio: np.ndarray) -> "CublasFallback":
+        """``X`` from fallback_inputs; ``log_ratio`` = log(t_pick / t_cuBLAS) per problem."""
+        ok = np.isfinite(log_ratio)
+        if not ok.any():
+            raise ValueError("no problem has both a pick time and a cuBLAS time to fit on")
+        dm = xgb.DMatrix(X[ok], label=log_ratio[ok])
+        params = {"objective": "reg:quantileerror", "quantile_alpha": self.quantile,
+                  "max_depth": self.max_depth, "eta": self.learning_rate, "seed": self.seed,
+                  "nthread": 2, "tree_method": "hist"}
+        self.booster = xgb.train(params, dm, num_boost_round=self.n_estimators)
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """The ``quantile`` quantile of log(t_pick / t_cuBLAS): > 0 means fall back."""
+        if self.booster is None:
+            raise RuntimeError("CublasFallback.predict before fit")
+        return self.booster.inplace_predict(X).astype(np.float64)
+
+    def to_dict(self) -> dict:
+        raw = bytes(self.booster.save_raw(raw_format="ubj"))
+        return {"params": {k: getattr(self, k) for k in ("quantile", "n_estimators", "max_depth",
+                                                          "learning_rate", "seed")},
+                "booster_ubj_base64": base64.b64encode(raw).decode("ascii")}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CublasFallback":
+        model = cls(**d["params"])
+        model.booster = xgb.Booster()
+        model.booster.load_model(bytearray(base64.b64decode(d["booster_ubj_base64"], validate=True)))
+        return model
+
+
+@dataclass(frozen=True)
+class FallbackOutcome:
+    """Held-out effect of the fallback rule at one quantile (times are geomean ratios)."""
+
+    quantile: float
+    fallback_rate: float
+    coverage: float            # share of problems whose true log ratio is <= the predicted quantile
+    speedup_vs_cublas: float   # always-cuBLAS time / chosen time
+    speedup_vs_top1: float     # always-top-1 time / chosen time
+    top1_vs_cublas: float      # always-cuBLAS time / always-top-1 time (no fallback)
+    oracle_vs_cublas: float    # the better of the two per problem, for reference
+    problems: int
+
+
+def outcome(quantile: float, predicted: np.ndarray, log_ratio: np.ndarray) -> FallbackOutcome:
+    """Effect of falling back where ``predicted`` > 0, on problems with a finite ``log_ratio``."""
+    ok = np.isfinite(log_ratio)
+    q, r = predicted[ok], log_ratio[ok]
+    fall = q > 0
+    chosen = np.where(fall, 0.0, r)  # log(t_chosen / t_cuBLAS)
+    gm = lambda x: float(np.exp(np.mean(x))) if len(x) else float("nan")  # noqa: E731
+    return FallbackOutcome(
+        quantile=quantile, fallback_rate=float(fall.mean()) if len(r) else float("nan"),
+        coverage=float(np.mean(r <= q)) if len(r) else float("nan"),
+        speedup_vs_cublas=gm(-chosen), speedup_vs_top1=gm(r - chosen), top1_vs_cublas=gm(-r),
+        oracle_vs_cublas=gm(-np.minimum(r, 0.0)), problems=int(ok.sum()))

@@ -1,0 +1,126 @@
+"""Learned scorers of (problem, config) feature rows: fit on measured times, predict a score
+per row where lower means faster.
+
+``BoosterModel`` is the XGBoost model cutetune ships, with three objectives:
+- ``regression``: squared error on log(time / roofline time). Dividing by the config's roofline
+  estimate takes out the problem's scale, so the trees spend their splits on what the
+  roofline gets wrong, and the score is a time (exp(score) * roofline) usable for fallback.
+- ``rank:pairwise`` / ``rank:ndcg``: learning-to-rank grouped by problem, on the graded
+  relevance of ``evaluate.relevance``; they order configs but predict no time.
+``HGBModel`` is the scikit-learn baseline (HistGradientBoosting on log time).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+
+import numpy as np
+import xgboost as xgb
+from sklearn.ensemble import HistGradientBoostingRegressor
+
+from .evaluate import group_offsets, relevance
+from .features import ROOFLINE_IDX
+
+OBJECTIVES = ("regression", "rank:pairwise", "rank:ndcg")
+MS_PER_S = 1e3
+
+
+def log_roofline_ms(X: np.ndarray) -> np.ndarray:
+    return np.log(X[:, ROOFLINE_IDX].astype(np.float64) * MS_PER_S)
+
+
+def best_per_row(time_ms: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """The problem's fastest time, broadcast to each of its rows."""
+    off = group_offsets(group)
+    best = np.minimum.reduceat(time_ms, off[:-1]) if len(time_ms) else np.array([])
+    return np.repeat(best, np.diff(off))
+
+
+@dataclass
+class BoosterModel:
+    objective: str = "regression"
+    n_estimators: int = 400
+    max_depth: int = 8
+    learning_rate: float = 0.08
+    subsample: float = 0.8
+    colsample_bytree: float = 0.8
+    min_child_weight: float = 2.0
+    seed: int = 0
+    n_threads: int = 2
+    booster: xgb.Booster | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
+
+    @property
+    def predicts_time(self) -> bool:
+        return self.objective == "regression"
+
+    def _params(self) -> dict:
+        p = {"max_depth": self.max_depth, "eta": self.learning_rate, "subsample": self.subsample,
+             "colsample_bytree": self.colsample_bytree, "min_child_weight": self.min_child_weight,
+             "seed": self.seed, "nthread": self.n_threads, "tree_method": "hist"}
+        if self.predicts_time:
+            return {**p, "objective": "reg:squarederror"}
+        # Pairs drawn across the whole group ("mean"), not only around the current top-k: a
+        # problem's measured configs are a sample, and their full order carries the signal.
+        return {**p, "objective": self.objective, "lambdarank_pair_method": "mean",
+                "lambdarank_num_pair_per_sample": 8, "ndcg_exp_gain": True}
+
+    def fit(self, X: np.ndarray, time_ms: np.ndarray, group: np.ndarray) -> "BoosterModel":
+        """``group`` is the problem index of each row; rows must be sorted by it."""
+        time_ms = np.asarray(time_ms, np.float64)
+        if self.predicts_time:
+            dm = xgb.DMatrix(X, label=np.log(time_ms) - log_roofline_ms(X))
+        else:
+            dm = xgb.DMatrix(X, label=relevance(time_ms, best_per_row(time_ms, group)))
+            dm.set_group(np.diff(group_offsets(group)))
+        self.booster = xgb.train(self._params(), dm, num_boost_round=self.n_estimators)
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Predicted log time in ms (regression), or minus the ranking score: lower is faster."""
+        if self.booster is None:
+            raise RuntimeError("BoosterModel.predict before fit")
+        raw = self.booster.inplace_predict(X).astype(np.float64)
+        return raw + log_roofline_ms(X) if self.predicts_time else -raw
+
+    # ------------------------------------------------------------ serialization
+    def to_dict(self) -> dict:
+        if self.booster is None:
+            raise RuntimeError("cannot serialize an unfitted BoosterModel")
+        params = {k: getattr(self, k) for k in ("objective", "n_estimators", "max_depth",
+                                                "learning_rate", "subsample", "colsample_bytree",
+                                                "min_child_weight", "seed")}
+        raw = bytes(self.booster.save_raw(raw_format="ubj"))
+        return {"params": params, "booster_ubj_base64": base64.b64encode(raw).decode("ascii")}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BoosterModel":
+        model = cls(**d["params"])
+        booster = xgb.Booster()
+        booster.load_model(bytearray(base64.b64decode(d["booster_ubj_base64"], validate=True)))
+        booster.set_param({"nthread": model.n_threads})
+        model.booster = booster
+        return model
+
+
+@dataclass
+class HGBModel:
+    """scikit-learn baseline: gradient-boosted trees on log time, no roofline normalization."""
+
+    max_iter: int = 300
+    learning_rate: float = 0.1
+    seed: int = 0
+    model: HistGradientBoostingRegressor | None = field(default=None, repr=False)
+
+    def fit(self, X: np.ndarray, time_ms: np.ndarray, group: np.ndarray) -> "HGBModel":
+        self.model = HistGradientBoostingRegressor(
+            max_iter=self.max_iter, learning_rate=self.learning_rate, random_state=self.seed,
+            early_stopping=False).fit(X, np.log(time_ms))
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return self.model.predict(X)

@@ -1,0 +1,124 @@
+"""Every config-selection method the report compares, behind one interface.
+
+A method is fit on the training problems' measurements and then scores each row of held-out
+measurements (lower = chosen first). Heuristics ignore the training data. ``ranks`` is False
+for the autotuner baseline, which measures its list and keeps the fastest: it has a top-1 but
+no ranking to judge (its top-k, tau and NDCG are not reported).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from cutetune.space.config import quack_default_config
+
+from .data import Measurements
+from .evaluate import group_offsets
+from .features import ROOFLINE_IDX
+from .heuristics import config_distance, in_configs, nvmmh_picks, quack_sm90_list, rank_by_picks
+from .learners import OBJECTIVES, BoosterModel, HGBModel
+
+
+@dataclass
+class Method:
+    name: str
+    description: str
+    score: Callable[[Measurements, np.ndarray], np.ndarray]
+    fit: Callable[[Measurements, np.ndarray], None] = lambda data, X: None
+    ranks: bool = True
+    # Per problem: was the heuristic's own pick among the measured configs (else the nearest
+    # measured config stood in)? None for methods that pick from the measured rows directly.
+    coverage: Callable[[Measurements], np.ndarray] | None = field(default=None, repr=False)
+
+
+def learned(name: str, description: str, make) -> Method:
+    """A method around a fresh learner (``make()``) with fit(X, time_ms, group)/predict(X)."""
+    box = {}
+
+    def fit(data: Measurements, X: np.ndarray) -> None:
+        box["model"] = make().fit(X, data.time_ms, data.group)
+
+    return Method(name, description, lambda data, X: box["model"].predict(X), fit)
+
+
+def _per_problem(data: Measurements, fn) -> np.ndarray:
+    """Concatenate ``fn(problem, row_slice)`` over the problems of ``data``."""
+    off = group_offsets(data.group)
+    return np.concatenate([fn(p, slice(off[i], off[i + 1])) for i, p in enumerate(data.problems)])
+
+
+def _any_per_problem(data: Measurements, fn) -> np.ndarray:
+    """Per problem: does ``fn(problem, row_slice)`` (a row mask) hold for any of its rows?"""
+    off = group_offsets(data.group)
+    return np.array([bool(fn(p, slice(off[i], off[i + 1])).any())
+                     for i, p in enumerate(data.problems)])
+
+
+def _cols(data: Measurements, rows: slice) -> dict:
+    return {k: v[rows] for k, v in data.cols.items()}
+
+
+def nvmmh_method() -> Method:
+    def score(data, X):
+        return _per_problem(data, lambda p, r: rank_by_picks(_cols(data, r), nvmmh_picks(p)))
+
+    def coverage(data):
+        return _any_per_problem(data, lambda p, r: in_configs(_cols(data, r), nvmmh_picks(p)[:1]))
+
+    return Method("nvmmh", "nvMatmulHeuristics picks (both orientations, by its runtime "
+                  "estimate), nearest measured config", score, coverage=coverage)
+
+
+def quack_default_method(arch: str) -> Method:
+    default = quack_default_config(arch)
+
+    return Method("quack_default", f"quack's default config ({default.short()}), nearest "
+                  "measured config", lambda data, X: config_distance(data.cols, default),
+                  coverage=lambda data: _any_per_problem(
+                      data, lambda p, r: in_configs(_cols(data, r), [default])))
+
+
+def quack_autotune_method() -> Method:
+    """quack's autotuner over its sm90 list: the fastest measured config of that list. It
+    needs the list measured per problem; problems with none of it measured get no pick."""
+    configs = quack_sm90_list()
+
+    def score(data, X):
+        return np.where(in_configs(data.cols, configs), data.time_ms, np.inf)
+
+    return Method("quack_autotune", f"best measured of quack's {len(configs)}-config sm90 "
+                  "autotune list (an oracle over measurements: costs that many benchmarks)",
+                  score, ranks=False, coverage=lambda data: _any_per_problem(
+                      data, lambda p, r: in_configs(_cols(data, r), configs)))
+
+
+def baseline_methods(arch: str, seed: int = 0) -> list[Method]:
+    methods = [
+        learned("sklearn_hgb", "scikit-learn HistGradientBoosting on log time",
+                lambda: HGBModel(seed=seed)),
+        Method("roofline", "analytic roofline time of the config (space.features roofline_s)",
+               lambda data, X: X[:, ROOFLINE_IDX].astype(float)),
+        nvmmh_method(),
+        quack_default_method(arch),
+        Method("random", "uniformly random order (fixed seed)",
+               lambda data, X: np.random.default_rng(seed).random(len(X))),
+    ]
+    if arch == "sm90":  # quack's sm100 list is not mapped onto our space
+        methods.insert(4, quack_autotune_method())
+    return methods
+
+
+XGB_NAMES = {obj: "xgb_" + obj.removeprefix("rank:") for obj in OBJECTIVES}
+
+
+def xgb_methods(objectives=OBJECTIVES, seed: int = 0, **params) -> list[Method]:
+    """The XGBoost variants tried (named by XGB_NAMES); the best held-out one is shipped."""
+    unknown = set(objectives) - set(OBJECTIVES)
+    if unknown:
+        raise ValueError(f"unknown objective(s) {sorted(unknown)}; known: {', '.join(OBJECTIVES)}")
+    return [learned(XGB_NAMES[obj], f"XGBoost, {obj} objective",
+                    lambda obj=obj: BoosterModel(objective=obj, seed=seed, **params))
+            for obj in objectives]

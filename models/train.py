@@ -1,0 +1,221 @@
+"""`cutetune train`: evaluate the cost model and its baselines on held-out problems, then fit
+the shipped model on all problems and write it with the evaluation report.
+
+Held-out evaluation: problem-grouped K-fold CV for every method, and leave-one-family-out
+(family = the dataset's suite) for the learned models and the heuristics. The XGBoost
+objective with the best held-out top-1 efficiency is the one shipped. The cuBLAS fallback is
+fit on the shipped model's out-of-fold picks (see fallback.py) and judged by a second K-fold
+over problems on those picks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cutetune.space.device import device_for
+
+from .artifact import CostModel
+from .crossval import HeldOut, held_out_scores
+from .data import Measurements, dataset_sha256, load_measurements
+from .evaluate import group_kfold, leave_family_out, summarize, summarize_by_bucket
+from .fallback import CublasFallback, FallbackOutcome, fallback_inputs, outcome
+from .features import dataset_features, problem_descriptors
+from .learners import BoosterModel
+from .methods import XGB_NAMES, baseline_methods, xgb_methods
+
+FALLBACK_QUANTILES = (0.5, 0.75, 0.9)
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    folds: int = 5
+    seed: int = 0
+    n_estimators: int = 400
+    max_depth: int = 8
+    objectives: tuple[str, ...] = ("regression", "rank:pairwise", "rank:ndcg")
+    baselines: bool = True
+    family_out: bool = True
+    fallback_quantile: float = 0.75
+
+
+@dataclass
+class Evaluation:
+    """Everything the report shows; metrics are held-out."""
+
+    arch: str
+    dtype: str
+    device: str
+    problems: int
+    rows: int
+    failed_rows: int
+    families: dict[str, int]
+    chosen: str
+    cv: dict[str, HeldOut]
+    cv_summary: dict[str, dict[str, dict[str, float]]]
+    lofo_summary: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    fallback: list[FallbackOutcome] = field(default_factory=list)
+    fallback_quantile: float | None = None
+
+
+def _single(values, what: str) -> str:
+    vals = sorted(set(values))
+    if len(vals) != 1:
+        raise ValueError(f"a cost model is trained per {what}; the dataset has {vals}")
+    return vals[0]
+
+
+def train(data: Measurements, options: TrainOptions = TrainOptions()
+          ) -> tuple[CostModel, Evaluation]:
+    arch = _single((p.arch for p in data.problems), "arch")
+    dtype = _single((p.dtype for p in data.problems), "dtype")
+    if "regression" not in options.objectives:
+        raise ValueError("the regression objective is required: it is the model's time predictor")
+    if data.n_problems < options.folds:
+        raise ValueError(f"{data.n_problems} problems cannot fill {options.folds} CV folds")
+    device = device_for(data.device_name)
+    X = dataset_features(data, device)
+    params = {"n_estimators": options.n_estimators, "max_depth": options.max_depth}
+    learned = xgb_methods(options.objectives, options.seed, **params)
+    baselines = baseline_methods(arch, options.seed) if options.baselines else []
+
+    splits = group_kfold(data.n_problems, options.folds, options.seed)
+    cv = {m.name: held_out_scores(data, X, m, splits, options.seed) for m in learned + baselines}
+    chosen = max((m.name for m in learned),
+                 key=lambda n: (summarize(cv[n].problems)["top1_geomean"],
+                                summarize(cv[n].problems)["top5_geomean"]))
+    ev = Evaluation(arch, dtype, device.name, data.n_problems, len(data.time_ms), data.failed_rows,
+                    dict(zip(*np.unique(data.suites.astype(str), return_counts=True))),
+                    chosen, cv, {n: summarize_by_bucket(h.problems) for n, h in cv.items()})
+    ev.families = {str(k): int(v) for k, v in ev.families.items()}
+
+    if options.family_out and len(ev.families) > 1:
+        lofo = leave_family_out(data.suites)
+        lofo_splits = [(tr, te) for _, tr, te in lofo]
+        for m in [x for x in learned if x.name == chosen] + baselines:
+            h = held_out_scores(data, X, m, lofo_splits, options.seed)
+            ev.lofo_summary[m.name] = {fam: summarize(h.problems, data.suites == fam)
+                                       for fam, _, _ in lofo}
+
+    ranker = _final(chosen, options, X, data)
+    timer = ranker if ranker.predicts_time else _final(XGB_NAMES["regression"], options, X, data)
+    fallback = None
+    if np.isfinite(data.cublas_ms).any():
+        fallback, ev.fallback = _fallback(data, device, cv, chosen, splits, options)
+        ev.fallback_quantile = options.fallback_quantile
+    metadata = {
+        "objective": ranker.objective, "trained_on": {
+            "problems": data.n_problems, "rows": len(data.time_ms), "device": data.device_name,
+            "families": ev.families},
+        "held_out_cv": ev.cv_summary[chosen]["all"], "cv_folds": options.folds,
+        "seed": options.seed, "packages": _versions()}
+    return CostModel(arch, dtype, device, ranker, timer, fallback, metadata), ev
+
+
+def _final(name: str, options: TrainOptions, X: np.ndarray, data: Measurements) -> BoosterModel:
+    obj = {v: k for k, v in XGB_NAMES.items()}[name]
+    return BoosterModel(objective=obj, n_estimators=options.n_estimators,
+                        max_depth=options.max_depth, seed=options.seed
+                        ).fit(X, data.time_ms, data.group)
+
+
+def _fallback(data: Measurements, device, cv: dict[str, HeldOut], chosen: str, splits,
+              options: TrainOptions) -> tuple[CublasFallback, list[FallbackOutcome]]:
+    """Fit the fallback on out-of-fold picks, and judge it per quantile on held-out problems.
+
+    The pick's predicted time is the regression model's out-of-fold prediction at the pick
+    (the chosen ranker may predict no time). Judging reuses the CV folds over problems: the
+    fallback of fold f is fit on the picks of the other folds, whose models did see fold f's
+    problems; the picks themselves (the fallback's targets) are all out-of-fold."""
+    picks = cv[chosen].problems
+    timer_scores = cv[XGB_NAMES["regression"]].row_scores
+    Xf = fallback_inputs(problem_descriptors(data.problems, device), timer_scores[picks.top1_row])
+    log_ratio = np.log(picks.top1_ms / data.cublas_ms)
+    outcomes = []
+    for q in sorted(set(FALLBACK_QUANTILES) | {options.fallback_quantile}):
+        pred = np.full(data.n_problems, np.nan)
+        for train, test in splits:
+            ok = train[np.isfinite(log_ratio[train])]
+            if ok.size:
+                pred[test] = CublasFallback(q, seed=options.seed).fit(
+                    Xf[ok], log_ratio[ok]).predict(Xf[test])
+        outcomes.append(outcome(q, pred, log_ratio))
+    final = CublasFallback(options.fallback_quantile, seed=options.seed).fit(Xf, log_ratio)
+    return final, outcomes
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("cutetune", "xgboost", "scikit-learn", "numpy", "quack-kernels"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+# ---------------------------------------------------------------- CLI
+def run(dataset: str | os.PathLike, out: str | os.PathLike, report_dir: str | os.PathLike | None,
+        options: TrainOptions) -> tuple[CostModel, Evaluation]:
+    """Train on a dataset folder, write the model file and (when asked) the report."""
+    from .report import write_report
+
+    data = load_measurements(dataset)
+    model, ev = train(data, options)
+    model.metadata["trained_on"]["dataset"] = str(dataset)
+    model.metadata["trained_on"]["sha256"] = dataset_sha256(dataset)
+    path = model.save(out)
+    print(f"wrote {path} ({ev.chosen}, {ev.problems} problems, {ev.rows} rows)")
+    if report_dir is not None:
+        print(f"wrote {write_report(ev, Path(report_dir), model.metadata)}")
+    s = ev.cv_summary[ev.chosen]["all"]
+    print(f"held-out ({options.folds}-fold CV): top-1 geomean {s['top1_geomean']:.3f}, "
+          f"P10 {s['top1_p10']:.3f}, best-of-top-5 {s['top5_geomean']:.3f}, "
+          f"vs cuBLAS {s['vs_cublas_geomean']:.3f}x")
+    return model, ev
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = TrainOptions()
+    p.add_argument("dataset", help="dataset folder of Parquet parts (cutetune collect output)")
+    p.add_argument("--out", required=True, help="model file to write (JSON)")
+    p.add_argument("--report", metavar="DIR", help="write the evaluation report here")
+    p.add_argument("--folds", type=int, default=d.folds)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--trees", type=int, default=d.n_estimators)
+    p.add_argument("--depth", type=int, default=d.max_depth)
+    p.add_argument("--objectives", default=",".join(d.objectives),
+                   help="XGBoost objectives to try, comma-separated (regression is always kept: "
+                        "it is the time model)")
+    p.add_argument("--no-baselines", action="store_true", help="skip the baseline methods")
+    p.add_argument("--no-family-out", action="store_true",
+                   help="skip the leave-one-family-out evaluation")
+    p.add_argument("--fallback-quantile", type=float, default=d.fallback_quantile)
+
+
+def options_from(args: argparse.Namespace) -> TrainOptions:
+    objectives = tuple(dict.fromkeys(["regression"] + [o.strip() for o in args.objectives.split(",")
+                                                       if o.strip()]))
+    if not 0.0 < args.fallback_quantile < 1.0:
+        raise ValueError(f"--fallback-quantile must be in (0, 1), got {args.fallback_quantile}")
+    return TrainOptions(folds=args.folds, seed=args.seed, n_estimators=args.trees,
+                        max_depth=args.depth, objectives=objectives,
+                        baselines=not args.no_baselines, family_out=not args.no_family_out,
+                        fallback_quantile=args.fallback_quantile)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train and evaluate the cost model on a dataset")
+    add_arguments(p)
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    run(args.dataset, args.out, args.report, options_from(args))
+    return 0

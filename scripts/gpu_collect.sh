@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs on the GPU host (through the device tool), from the repo root, after the dependency
+# bundle is unpacked (see README "GPU runs"). Stages, in order given:
+#   tests       GPU tests of the harness            -> $OUT/gpu_tests.log
+#   train       sampled configs on the train suite  -> dataset, until the deadline
+#   exhaustive  every valid config on 40 problems   -> dataset, until the deadline
+#   repeat      a fixed set measured again          -> second dataset (timing-noise report)
+# Data and quack's kernel cache live under /tmp so they survive between calls on one warm
+# machine; each stage ends by packing the dataset into $OUT.
+set -uo pipefail
+DEADLINE=$(( $(date +%s) + ${CUTETUNE_CALL_S:-560} ))
+ROOT=${CUTETUNE_DATA:-/tmp/cutetune-data}
+export QUACK_CACHE_DIR=/tmp/quack-cache PYTHONUNBUFFERED=1
+mkdir -p "$ROOT" "$QUACK_CACHE_DIR" "$OUT"
+left() { echo $(( DEADLINE - $(date +%s) - ${1:-40} )); }
+pack() { tar -C "$ROOT" -czf "$OUT/datasets.tgz" . ; ls -la "$OUT"; }
+for stage in "$@"; do
+  echo "=== stage $stage, $(left 0) s left"
+  case $stage in
+    tests)
+      python -m pytest -m gpu tests/ -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" ;;
+    train)
+      python -m cutetune collect --problems train --configs sample:150 --out "$ROOT/h200_bf16" \
+        --time-budget "$(left 60)" --stats "$OUT/collect_train_stats.json" 2>&1 | tail -n 30 ;;
+    exhaustive)
+      python -m cutetune collect --problems exhaustive --configs all --out "$ROOT/h200_bf16" \
+        --time-budget "$(left 90)" --stats "$OUT/collect_exhaustive_stats.json" 2>&1 | tail -n 30 ;;
+    repeat)
+      python -m cutetune collect --problems train --configs sample:20 --limit-problems 30 \
+        --out "$ROOT/h200_bf16_repeat" --time-budget "$(left 30)" \
+        --stats "$OUT/collect_repeat_stats.json" 2>&1 | tail -n 5 ;;
+  esac
+  pack > /dev/null
+done
+pack

@@ -1,0 +1,111 @@
+"""Scheduling, failure isolation and resume of `collect`, with the hardware edges swapped for
+CPU stand-ins (the GPU path itself is covered by tests/test_gpu_harness.py on the H200).
+The stand-in rows are labelled by a 'synthetic' device name and never leave the tmp dir."""
+
+import os
+
+import pytest
+
+from cutetune import dataset
+from cutetune.space import GemmProblem, KernelConfig
+from cutetune.tuner.collect import collect
+from cutetune.tuner.workers import IsolatedPool
+
+CRASH_TILE_N = 48
+HANG_TILE_N = 96
+COMPILE_FAIL_TILE_N = 32
+
+
+def fake_compile(task):
+    problem, config = task
+    if config.tile_n == COMPILE_FAIL_TILE_N:
+        raise RuntimeError("stand-in compiler rejects this config")
+    return 0.01
+
+
+def fake_init(cache_dir):
+    pass
+
+
+def fake_measure(task):
+    rows = []
+    if task.cublas:
+        rows.append(_row(task, None))
+    for c in task.configs:
+        if c.tile_n == CRASH_TILE_N:
+            os.abort()
+        if c.tile_n == HANG_TILE_N:
+            import time
+
+            time.sleep(60)
+        rows.append(_row(task, c))
+    return rows
+
+
+def _row(task, c):
+    p = task.problem
+    return {**p.to_dict(), **(c.to_dict() if c else {}), "problem_key": p.key(),
+            "suite": task.suite, "backend": "quack" if c else "cublas",
+            "config_key": c.short() if c else "", "status": "ok", "time_ms": 1.0,
+            "device_name": "synthetic-test-stand-in"}
+
+
+def _configs():
+    return [KernelConfig(tile_m=128, tile_n=n, pingpong=True, cluster_m=1, cluster_n=1)
+            for n in (16, 32, 48, 64, 96, 128)]
+
+
+def test_collect_isolates_failures_and_resumes(tmp_path, monkeypatch):
+    import json
+
+    import cutetune.tuner.measure as measure_mod
+
+    cfg_file = tmp_path / "configs.json"
+    cfg_file.write_text(json.dumps([c.to_dict() for c in _configs()]))
+    problems = [("t", GemmProblem(256, 512, 1024)), ("t", GemmProblem(64, 1024, 512))]
+    out = tmp_path / "ds"
+    # the hang is cut short by a small per-task timeout
+    monkeypatch.setattr("cutetune.tuner.collect.IsolatedPool",
+                        _with_timeout(IsolatedPool, 8.0))
+    stats = collect(problems, str(cfg_file), str(out), compile_workers=2,
+                    cache_dir=str(tmp_path / "cache"), measure_fn=fake_measure,
+                    gpu_init=fake_init, compile_fn=fake_compile,
+                    policy=measure_mod.TimingPolicy())
+    t = dataset.load(out).to_pylist()
+    keys = [(r["problem_key"], r["backend"], r["config_key"]) for r in t]
+    assert len(keys) == len(set(keys)) == 2 * (len(_configs()) + 1)
+    status = {(r["problem_key"], r["tile_n"]): r["status"] for r in t if r["backend"] == "quack"}
+    for p in problems:
+        assert status[(p[1].key(), CRASH_TILE_N)] == "crash"
+        assert status[(p[1].key(), HANG_TILE_N)] == "timeout"
+        assert status[(p[1].key(), COMPILE_FAIL_TILE_N)] == "compile_error"
+        assert status[(p[1].key(), 128)] == "ok"
+    assert stats["by_status"]["ok"] == 2 * 4  # 3 good configs + cuBLAS per problem
+    # Resume: nothing left to do, nothing measured twice.
+    again = collect(problems, str(cfg_file), str(out), compile_workers=1,
+                    cache_dir=str(tmp_path / "cache"), measure_fn=fake_measure,
+                    gpu_init=fake_init, compile_fn=fake_compile)
+    assert again["measured"] == 0
+    assert len(dataset.load(out)) == len(t)
+
+
+def _with_timeout(cls, timeout_s):
+    def make(fn, n, **kw):
+        kw["timeout_s"] = min(kw.get("timeout_s", timeout_s), timeout_s)
+        return cls(fn, n, **kw)
+
+    return make
+
+
+def test_dataset_append_is_atomic_and_checked(tmp_path):
+    out = tmp_path / "ds"
+    p = GemmProblem(128, 256, 512)
+    dataset.append(out, [{**p.to_dict(), "problem_key": p.key(), "backend": "cublas",
+                          "config_key": "", "status": "ok", "time_ms": 0.5}])
+    assert not list(out.glob(".*.tmp"))
+    assert dataset.done_keys(out) == {(p.key(), "cublas", "")}
+    (out / "part-999999-bad.parquet").write_bytes(b"not parquet")
+    with pytest.raises(dataset.DatasetError, match="corrupt dataset part"):
+        dataset.load(out)
+    with pytest.raises(dataset.DatasetError, match="no dataset parts"):
+        dataset.load(tmp_path / "empty")

@@ -1,0 +1,225 @@
+"""GPU measurement of one problem against a list of configs (and cuBLAS), run inside a worker
+process so that a kernel that aborts or hangs takes down only that worker.
+
+Method (per problem, per backend):
+- L2-cold: the inputs rotate over enough (A, B, D) sets to span at least 3x the L2, so each
+  timed launch reads operands that are not in L2.
+- Numerics first: D is poisoned with NaN, one launch, relative Frobenius error against an
+  fp32 reference; NaN or error above the dtype's bound marks the config wrong_result.
+- Warm-up launches, then ``reps`` timed launches, each between its own pair of CUDA events.
+  A GPU sleep queued ahead of them lets the host enqueue every launch before the GPU starts,
+  so the events time the kernel, not the host's launch latency. Median, p20 and p80 are kept.
+- Inputs are random normal values (never zeros, which run faster and hide unwritten output).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+
+from cutetune.space.config import KernelConfig
+from cutetune.space.problem import GemmProblem
+
+REL_ERR_BOUND = {"bf16": 2e-2, "fp16": 5e-3}
+L2_MULTIPLE = 3
+
+
+@dataclass(frozen=True)
+class TimingPolicy:
+    warmup: int = 2
+    min_reps: int = 5
+    max_reps: int = 20
+    target_ms: float = 2.0  # timed GPU time per measurement: reps = target / estimate
+
+
+@dataclass(frozen=True)
+class MeasureTask:
+    problem: GemmProblem
+    suite: str
+    configs: tuple[KernelConfig, ...]
+    cublas: bool = False
+    policy: TimingPolicy = field(default_factory=TimingPolicy)
+
+
+# ------------------------------------------------------------------ worker-process state
+_STATE: dict = {}
+
+
+def init_gpu_worker(cache_dir: str | None, device_index: int = 0) -> None:
+    """Worker initializer: import the heavy stack once, pin quack's kernel cache."""
+    if cache_dir:
+        os.environ["QUACK_CACHE_DIR"] = cache_dir
+    import torch
+
+    torch.cuda.set_device(device_index)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    import quack.gemm_interface  # noqa: F401  (pays the cutlass import up front)
+
+    _STATE["env"] = environment()
+    _STATE["buffers"] = None
+
+
+def environment() -> dict:
+    """Versions and device facts stored with every record."""
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    try:
+        import cutlass
+
+        dsl = cutlass.__version__
+    except Exception:
+        dsl = "unknown"
+    try:
+        from importlib.metadata import version
+
+        quack_v = version("quack-kernels")
+    except Exception:
+        quack_v = "unknown"
+    driver = "unknown"
+    try:
+        import subprocess
+
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=10).stdout.strip().split("\n")[0]
+    except Exception:
+        pass
+    return {
+        "device_name": props.name, "sm_count": props.multi_processor_count, "driver": driver,
+        "cuda": torch.version.cuda or "", "torch_version": torch.__version__,
+        "cutlass_dsl_version": dsl, "quack_version": quack_v,
+        "l2_bytes": getattr(props, "L2_cache_size", 50 * 2**20), "host": platform.node(),
+    }
+
+
+class ProblemBuffers:
+    """Rotating operand sets for one problem plus its fp32 reference (set 0)."""
+
+    def __init__(self, problem: GemmProblem, l2_bytes: int, seed: int = 0):
+        import torch
+
+        self.problem = problem
+        dt = {"bf16": torch.bfloat16, "fp16": torch.float16}
+        p = problem
+        per_set = p.min_bytes
+        self.n_sets = max(2, min(4096, math.ceil(L2_MULTIPLE * l2_bytes / per_set)))
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        lead = (p.batch,) if p.batch > 1 else ()
+        self.sets = []
+        for _ in range(self.n_sets):
+            a = torch.randn(*lead, p.m, p.k, device="cuda", dtype=dt[p.dtype], generator=g)
+            if p.a_major == "m":
+                a = a.mT.contiguous().mT
+            # B is (K, N): "k"-major is the transposed (N, K) weight of nn.Linear.
+            if p.b_major == "k":
+                b = torch.randn(*lead, p.n, p.k, device="cuda", dtype=dt[p.dtype], generator=g).mT
+            else:
+                b = torch.randn(*lead, p.k, p.n, device="cuda", dtype=dt[p.dtype], generator=g)
+            d = torch.empty(*lead, p.m, p.n, device="cuda", dtype=dt[p.out_dtype])
+            self.sets.append((a, b, d))
+        a, b, _ = self.sets[0]
+        self.ref = torch.matmul(a.float(), b.float())
+        self.ref_norm = torch.linalg.vector_norm(self.ref)
+
+
+def _buffers(problem: GemmProblem) -> ProblemBuffers:
+    buf = _STATE.get("buffers")
+    if buf is None or buf.problem != problem:
+        _STATE["buffers"] = None  # free the previous problem's sets first
+        import torch
+
+        torch.cuda.empty_cache()
+        buf = ProblemBuffers(problem, _STATE["env"]["l2_bytes"])
+        _STATE["buffers"] = buf
+    return buf
+
+
+def _time(fn, buf: ProblemBuffers, policy: TimingPolicy) -> tuple[list[float], float]:
+    """Check numerics on set 0, then time launches over rotating sets. Returns (times, rel_err)."""
+    import torch
+
+    a, b, d = buf.sets[0]
+    d.fill_(float("nan"))
+    fn(a, b, d)
+    err = torch.linalg.vector_norm(d.float() - buf.ref) / buf.ref_norm
+    # Warm-up doubles as the estimate for the number of timed repeats.
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(policy.warmup):
+        fn(*buf.sets[(i + 1) % buf.n_sets])
+    end.record()
+    end.synchronize()
+    est = max(start.elapsed_time(end) / max(policy.warmup, 1), 1e-3)
+    reps = int(min(policy.max_reps, max(policy.min_reps, policy.target_ms / est)))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(reps)]
+    torch.cuda._sleep(int(reps * 60_000))  # ~30 us per launch at ~2 GHz: host runs ahead
+    for i, (s, e) in enumerate(events):
+        s.record()
+        fn(*buf.sets[(policy.warmup + 1 + i) % buf.n_sets])
+        e.record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in events)
+    return times, float(err)
+
+
+def _quantile(sorted_vals: list[float], q: float) -> float:
+    pos = q * (len(sorted_vals) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
+
+
+def _row(task: MeasureTask, backend: str, config: KernelConfig | None, **outcome) -> dict:
+    env = {k: v for k, v in _STATE["env"].items() if k not in ("l2_bytes", "host")}
+    cfg = config.to_dict() if config else {}
+    return {**env, **task.problem.to_dict(), **cfg, "problem_key": task.problem.key(),
+            "suite": task.suite, "backend": backend,
+            "config_key": config.short() if config else "", "timestamp": time.time(), **outcome}
+
+
+def _measure_one(task: MeasureTask, backend: str, config, fn, buf) -> dict:
+    import torch
+
+    try:
+        times, err = _time(fn, buf, task.policy)
+    except Exception as e:  # a config that raises is a data point, not the end of the run
+        torch.cuda.synchronize()
+        return _row(task, backend, config, status="runtime_error", error=f"{type(e).__name__}: {e}"[:1000])
+    bound = REL_ERR_BOUND[task.problem.out_dtype]
+    ok = math.isfinite(err) and err <= bound
+    return _row(task, backend, config, status="ok" if ok else "wrong_result",
+                error="" if ok else f"relative error {err:.3g} > {bound}",
+                time_ms=_quantile(times, 0.5), time_ms_p20=_quantile(times, 0.2),
+                time_ms_p80=_quantile(times, 0.8), n_reps=len(times), rel_err=err)
+
+
+def measure(task: MeasureTask) -> list[dict]:
+    """Worker entry point: one row per config (and one for cuBLAS when asked)."""
+    import torch
+
+    from .quack_gemm import QuackGemm
+
+    buf = _buffers(task.problem)
+    rows = []
+    if task.cublas:
+        mm = lambda a, b, d: torch.matmul(a, b, out=d)  # noqa: E731
+        rows.append(_measure_one(task, "cublas", None, mm, buf))
+    for config in task.configs:
+        t0 = time.perf_counter()
+        try:
+            gemm = QuackGemm(config, task.problem.arch)
+            gemm(*buf.sets[0])  # loads the kernel from quack's cache (or compiles it)
+            torch.cuda.synchronize()
+        except Exception as e:
+            torch.cuda.synchronize()
+            rows.append(_row(task, "quack", config, status="runtime_error",
+                             error=f"{type(e).__name__}: {e}"[:1000]))
+            continue
+        load_s = time.perf_counter() - t0
+        row = _measure_one(task, "quack", config, gemm, buf)
+        row["load_s"] = load_s
+        rows.append(row)
+    return rows
