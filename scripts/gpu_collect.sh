@@ -18,7 +18,8 @@ for stage in "$@"; do
   echo "=== stage $stage, $(left 0) s left"
   case $stage in
     tests)
-      python -m pytest -m gpu ${GPU_TESTS:-tests/test_gpu_harness.py} -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" ;;
+      python -m pytest -m gpu ${GPU_TESTS:-tests/test_gpu_harness.py} -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" \
+        || { echo "GPU tests failed: stopping before collection"; exit 1; } ;;
     train)
       python -m cutetune collect --problems train --configs sample:150 --out "$ROOT/h200_bf16" \
         --time-budget "$(left 60)" --stats "$OUT/collect_train_stats.json" 2>&1 | tail -n 30 ;;
