@@ -24,7 +24,7 @@ for stage in "$@"; do
       python -m cutetune collect --problems train --configs sample:150 --out "$ROOT/h200_bf16" \
         --time-budget "$(left 60)" --stats "$OUT/collect_train_stats.json" 2>&1 | tail -n 30 ;;
     exhaustive)
-      python -m cutetune collect --problems exhaustive --configs all --out "$ROOT/h200_bf16" \
+      python -m cutetune collect --problems exhaustive --configs all --target-ms 1 --out "$ROOT/h200_bf16" \
         --time-budget "$(left 90)" --stats "$OUT/collect_exhaustive_stats.json" 2>&1 | tail -n 30 ;;
     repeat)
       python -m cutetune collect --problems train --configs sample:20 --limit-problems 30 \

@@ -28,7 +28,7 @@ from .compile import compile_kernel, configure_gpu_blind
 from .measure import MeasureTask, TimingPolicy, init_gpu_worker, measure
 from .workers import IsolatedPool
 
-CHUNK = 48            # configs per GPU task: bounds the work lost to a crash
+CHUNK = 256           # configs per GPU task: bounds the work lost to a crash
 LOAD_COMPILED_S = 0.5  # a kernel load slower than this was compiled in-process (cache miss)
 
 
@@ -164,6 +164,7 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
         for key in keys:
             cpool.submit(kernels[key])
         in_flight: dict[int, MeasureTask] = {}
+        current = None
         while pending or need_cublas or in_flight or retry:
             over_budget = time.monotonic() - prog.started > time_budget_s
             for r in cpool.poll(timeout=0.05 if gpool.outstanding else 0.5):
@@ -191,7 +192,10 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
                     ready = {p: [c for c in cs if signature_class(p, c) in compile_s]
                              for p, cs in pending.items()}
                     compiling = cpool.outstanding > 0
-                    best = max(ready, key=lambda p: len(ready[p]), default=None)
+                    # Stay on the problem whose buffers the GPU worker holds while it has
+                    # ready work; otherwise take the problem with the most ready configs.
+                    best = current if ready.get(current) else max(
+                        ready, key=lambda p: len(ready[p]), default=None)
                     if best is not None and (ready[best] and (len(ready[best]) >= CHUNK
                                                                or not compiling)):
                         chunk = ready[best][:CHUNK]
@@ -200,6 +204,7 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
                             del pending[best]
                         task = MeasureTask(best, suites[best], tuple(chunk),
                                            best in need_cublas, policy)
+                        current = best
                         need_cublas.discard(best)
                     elif need_cublas:
                         p = need_cublas.pop()
@@ -262,6 +267,8 @@ def register(sub) -> None:
                    help="stop handing out new work after S seconds (resume later)")
     p.add_argument("--compile-workers", type=int, default=None)
     p.add_argument("--cache-dir", default=None, help="quack kernel cache (QUACK_CACHE_DIR)")
+    p.add_argument("--target-ms", type=float, default=TimingPolicy.target_ms,
+                   help="timed GPU milliseconds per measurement (sets the repeats)")
     p.add_argument("--stats", default=None, help="write throughput stats JSON here")
     p.set_defaults(func=_run)
 
@@ -270,5 +277,5 @@ def _run(args) -> int:
     problems = load_problems(args.problems, args.dtype, args.arch, args.seed)[:args.limit_problems]
     collect(problems, args.configs, args.out, seed=args.seed, time_budget_s=args.time_budget,
             compile_workers=args.compile_workers, cache_dir=args.cache_dir,
-            stats_path=args.stats)
+            policy=TimingPolicy(target_ms=args.target_ms), stats_path=args.stats)
     return 0

@@ -29,7 +29,7 @@ L2_MULTIPLE = 3
 
 @dataclass(frozen=True)
 class TimingPolicy:
-    warmup: int = 2
+    warmup: int = 3
     min_reps: int = 5
     max_reps: int = 20
     target_ms: float = 2.0  # timed GPU time per measurement: reps = target / estimate
@@ -108,18 +108,19 @@ class ProblemBuffers:
         self.n_sets = max(2, min(4096, math.ceil(L2_MULTIPLE * l2_bytes / per_set)))
         g = torch.Generator(device="cuda").manual_seed(seed)
         lead = (p.batch,) if p.batch > 1 else ()
-        self.sets = []
-        for _ in range(self.n_sets):
-            a = torch.randn(*lead, p.m, p.k, device="cuda", dtype=dt[p.dtype], generator=g)
-            if p.a_major == "m":
-                a = a.mT.contiguous().mT
-            # B is (K, N): "k"-major is the transposed (N, K) weight of nn.Linear.
-            if p.b_major == "k":
-                b = torch.randn(*lead, p.n, p.k, device="cuda", dtype=dt[p.dtype], generator=g).mT
-            else:
-                b = torch.randn(*lead, p.k, p.n, device="cuda", dtype=dt[p.dtype], generator=g)
-            d = torch.empty(*lead, p.m, p.n, device="cuda", dtype=dt[p.out_dtype])
-            self.sets.append((a, b, d))
+        ab = dt[p.dtype]
+        # One allocation per operand for all sets (thousands of sets for tiny problems).
+        a_all = torch.randn(self.n_sets, *lead, p.m, p.k, device="cuda", dtype=ab, generator=g)
+        if p.a_major == "m":
+            a_all = a_all.mT.contiguous().mT
+        # B is (K, N): "k"-major is the transposed (N, K) weight of nn.Linear.
+        if p.b_major == "k":
+            b_all = torch.randn(self.n_sets, *lead, p.n, p.k, device="cuda", dtype=ab,
+                                generator=g).mT
+        else:
+            b_all = torch.randn(self.n_sets, *lead, p.k, p.n, device="cuda", dtype=ab, generator=g)
+        d_all = torch.empty(self.n_sets, *lead, p.m, p.n, device="cuda", dtype=dt[p.out_dtype])
+        self.sets = [(a_all[i], b_all[i], d_all[i]) for i in range(self.n_sets)]
         a, b, _ = self.sets[0]
         self.ref = torch.matmul(a.float(), b.float())
         self.ref_norm = torch.linalg.vector_norm(self.ref)
@@ -145,18 +146,23 @@ def _time(fn, buf: ProblemBuffers, policy: TimingPolicy) -> tuple[list[float], f
     d.fill_(float("nan"))
     fn(a, b, d)
     err = torch.linalg.vector_norm(d.float() - buf.ref) / buf.ref_norm
-    # Warm-up doubles as the estimate for the number of timed repeats.
+    # Warm-up doubles as the estimate of kernel time (sets the repeats) and of host launch
+    # time (sets how long the GPU sleeps while the host enqueues the timed launches).
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
+    t0 = time.perf_counter()
     for i in range(policy.warmup):
         fn(*buf.sets[(i + 1) % buf.n_sets])
+    host_s = (time.perf_counter() - t0) / max(policy.warmup, 1)
     end.record()
     end.synchronize()
     est = max(start.elapsed_time(end) / max(policy.warmup, 1), 1e-3)
     reps = int(min(policy.max_reps, max(policy.min_reps, policy.target_ms / est)))
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(reps)]
-    torch.cuda._sleep(int(reps * 60_000))  # ~30 us per launch at ~2 GHz: host runs ahead
+    # Twice the host's launch time per repeat, counted at the top SM clock (2 GHz): a slower
+    # clock only sleeps longer, which is safe.
+    torch.cuda._sleep(int(reps * (host_s + 10e-6) * 2 * 2e9))
     for i, (s, e) in enumerate(events):
         s.record()
         fn(*buf.sets[(policy.warmup + 1 + i) % buf.n_sets])

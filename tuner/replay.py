@@ -43,7 +43,7 @@ class Run:
     seed: int
     oracle_ms: float
     exhaustive_s: float
-    n_kernels_space: int
+    n_kernels_space: int  # compile keys in the problem's space: what exhaustive search builds
     kernels: tuple[int, ...]
     cost_s: tuple[float, ...]
     best_ms: tuple[float, ...]
@@ -93,16 +93,33 @@ def _oracle(backend: ReplayBackend, problem: GemmProblem, configs) -> float:
     return min((t for t in times if t is not None), default=math.inf)
 
 
+@dataclass(frozen=True)
+class Reference:
+    """What exhaustive search of a problem's space finds and costs."""
+
+    oracle_ms: float
+    exhaustive_s: float
+    n_kernels: int
+
+
+def reference(backend: ReplayBackend, problem: GemmProblem) -> Reference:
+    candidates = enumerate_configs(problem.arch, problem)
+    charged = backend.fresh().measure(problem, candidates)
+    return Reference(_oracle(backend, problem, candidates),
+                     sum(m.compile_s + m.bench_s for m in charged),
+                     len({c.compile_key() for c in candidates}))
+
+
 def replay_one(backend: ReplayBackend, problem: GemmProblem, strategy: str, seed: int,
-               budget: Budget, scorer: Scorer | None = None, **model_options) -> Run:
+               budget: Budget, scorer: Scorer | None = None, ref: Reference | None = None,
+               **model_options) -> Run:
     """Tune ``problem`` with ``strategy`` against the recorded measurements (a fresh
     in-memory study, no kernel built yet)."""
-    candidates = enumerate_configs(problem.arch, problem)
-    encoding = SpaceEncoding(candidates)
+    ref = ref or reference(backend, problem)
+    encoding = SpaceEncoding(enumerate_configs(problem.arch, problem))
     sampler = make_sampler(strategy, problem, encoding, seed=seed, scorer=scorer, **model_options)
     study = optuna.create_study(sampler=sampler, direction="minimize")
     result = tune_study(study, sampler, problem, encoding, backend.fresh(), budget)
-    reference = backend.fresh().measure(problem, candidates)
     kernels, cost, best = [], [], []
     k, c, b = 0, 0.0, math.inf
     for s in result.steps:
@@ -112,10 +129,8 @@ def replay_one(backend: ReplayBackend, problem: GemmProblem, strategy: str, seed
         if s.time_ms is not None:
             b = min(b, s.time_ms)
         kernels.append(k), cost.append(c), best.append(b)
-    return Run(problem.key(), strategy, seed, _oracle(backend, problem, candidates),
-               sum(m.compile_s + m.bench_s for m in reference),
-               len({cfg.compile_key() for cfg in candidates}), tuple(kernels), tuple(cost),
-               tuple(best), result.stop_reason)
+    return Run(problem.key(), strategy, seed, ref.oracle_ms, ref.exhaustive_s, ref.n_kernels,
+               tuple(kernels), tuple(cost), tuple(best), result.stop_reason)
 
 
 # Worker-process state: the backend is shipped once per worker, not once per task.
@@ -128,7 +143,8 @@ def _init_worker(backend: ReplayBackend) -> None:
 
 
 def _task(args) -> Run:
-    return replay_one(_WORKER["backend"], *args[:4], **args[4])
+    problem, strategy, seed, budget, ref, extra = args
+    return replay_one(_WORKER["backend"], problem, strategy, seed, budget, ref=ref, **extra)
 
 
 def replay(backend: ReplayBackend, problems: Sequence[GemmProblem], strategies: Sequence[str],
@@ -140,10 +156,11 @@ def replay(backend: ReplayBackend, problems: Sequence[GemmProblem], strategies: 
     (trained without it); ``budgets`` maps strategy to its Budget (default: none)."""
     tasks = []
     for p in problems:
+        ref = reference(backend, p)
         for s in strategies:
             for seed in (seeds[:1] if s in DETERMINISTIC else seeds):
                 extra = {"scorer": scorers[p.key()], **(model_options or {})} if s == "model" else {}
-                tasks.append((p, s, seed, budgets.get(s, Budget()), extra))
+                tasks.append((p, s, seed, budgets.get(s, Budget()), ref, extra))
     if workers <= 1:
         _init_worker(backend)
         return [_task(t) for t in tasks]

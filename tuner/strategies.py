@@ -19,8 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 import warnings
-from dataclasses import asdict, fields
-from functools import lru_cache
+from dataclasses import fields
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -32,7 +31,6 @@ from scipy.stats import norm
 
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
-from cutetune.space.rules import is_valid
 
 STRATEGIES = ("model", "tpe", "random", "cmaes", "exhaustive", "quack44", "nvmmh")
 NVMMH_TOP_K = 8
@@ -228,7 +226,7 @@ class ModelGuidedSampler(ProposingSampler):
         idx, y = (np.array(v) for v in zip(*ok))
         mu, sd = self.posterior(idx.astype(int), y)
         best = float(y.min())
-        eligible = ~done & (mu <= best + math.log1p(self.margin))
+        eligible = ~done & (mu - sd <= best + math.log1p(self.margin))
         if not eligible.any():
             self.stop_reason = f"no candidate predicted within {self.margin:.0%} of the best"
             return None
@@ -244,60 +242,24 @@ class ModelGuidedSampler(ProposingSampler):
 
 
 # ---------------------------------------------------------------- fixed lists of configs
-def quack_configs(arch: str) -> list[KernelConfig]:
-    """quack's autotuning list (quack.gemm_config._get_sm90_configs: 44 configs on sm90), as
-    KernelConfigs in quack's order. Some lie outside our space (tile_n 224 on sm90); the
-    ListSampler skips those, and the replay report counts them."""
-    from quack import gemm_config
+def quack_list(arch: str) -> list[KernelConfig]:
+    """quack's sm90 autotuning list (44 configs), mapped onto our space by models.heuristics."""
+    if arch != "sm90":
+        raise ValueError(f"the quack44 strategy is quack's sm90 list; no mapping for {arch}")
+    from cutetune.models.heuristics import quack_sm90_list
 
-    getter = {"sm90": gemm_config._get_sm90_configs, "sm100": gemm_config._get_sm100_configs}
-    if arch not in getter:
-        raise ValueError(f"quack has no autotuning list for arch {arch!r}")
-    return list(dict.fromkeys(KernelConfig.from_dict(asdict(g)) for g in getter[arch]()))
+    return list(quack_sm90_list())
 
 
-_NVMMH_GPU = {"sm90": "H200_SXM", "sm100": "B200"}
-_NVMMH_PRECISION = {"bf16": "TST", "fp16": "HSH"}
+def nvmmh_list(problem: GemmProblem, candidates: Sequence[KernelConfig], top_k: int) -> list[KernelConfig]:
+    """nvMatmulHeuristics' picks, best estimate first (models.heuristics.nvmmh_picks), each
+    mapped to the nearest candidate when it breaks a rule of our space; the first ``top_k``
+    distinct ones."""
+    from cutetune.models.heuristics import nearest, nvmmh_picks
 
-
-@lru_cache(maxsize=None)
-def _nvmmh_interface(arch: str):
-    """One nvMatmulHeuristics handle per arch (creating one loads the library and its
-    discovery sets, ~ms; queries are ~0.1 ms). The Ex interface owns its hardware descriptor,
-    which avoids the crash at interpreter exit that a separately created descriptor causes."""
-    try:
-        import nvMatmulHeuristics as nv
-    except ImportError as e:
-        raise RuntimeError("the nvmmh strategy needs nvidia-matmul-heuristics "
-                           "(pip install 'cutetune[baselines]')") from e
-    gpu = getattr(nv.NvMatmulHeuristicsNvidiaGpu, _NVMMH_GPU[arch])
-    return nv, nv.NvMatmulHeuristicsInterfaceEx(backend=nv.NvMatmulHeuristicsTarget.CUTLASS3, gpu=gpu)
-
-
-def nvmmh_configs(problem: GemmProblem, count: int = 64) -> list[KernelConfig]:
-    """nvMatmulHeuristics' ranked picks for ``problem``, mapped to valid configs, best first.
-
-    Mirrors quack's nvmmh_heuristic: both orientations are queried (D row-major for
-    (M, N, K); D column-major for (N, M, K), which becomes swap_ab), merged by the library's
-    runtime estimate; pingpong when tile_m <= 128 on sm90, swizzle 8, no split-K (quack maps
-    only tiles and clusters). ``count`` picks per orientation are asked for; those that break
-    our rules are dropped.
-    """
-    nv, iface = _nvmmh_interface(problem.arch)
-    layouts = ((False, problem.m, problem.n, nv.NvMatmulHeuristicsMatmulLayout.TN_ROW_MAJOR),
-               (True, problem.n, problem.m, nv.NvMatmulHeuristicsMatmulLayout.TN_COL_MAJOR))
-    ranked = []
-    for swap, m, n, layout in layouts:
-        query = iface.makeNvMatmulHeuristicsProblem(m, n, problem.k, layout, problem.batch)
-        for r in iface.get(query, count, precision=_NVMMH_PRECISION[problem.dtype]):
-            kc = r["kernel"]
-            ranked.append((r["runtime"], swap, KernelConfig(
-                tile_m=kc.cta_tile_m, tile_n=kc.cta_tile_n,
-                pingpong=problem.arch == "sm90" and kc.cta_tile_m <= 128,
-                cluster_m=kc.cluster_m, cluster_n=kc.cluster_n, swap_ab=swap,
-                max_swizzle_size=8, split_k=1, is_dynamic_persistent=problem.arch == "sm100")))
-    ranked.sort(key=lambda t: (t[0], t[1]))
-    return list(dict.fromkeys(c for _, _, c in ranked if is_valid(c, problem.arch, problem)))
+    index = {c.short() for c in candidates}
+    mapped = [c if c.short() in index else nearest(candidates, c) for c in nvmmh_picks(problem)]
+    return list(dict.fromkeys(mapped))[:top_k]
 
 
 # ---------------------------------------------------------------- factory
@@ -322,8 +284,7 @@ def make_sampler(strategy: str, problem: GemmProblem, encoding: SpaceEncoding, *
     if strategy == "exhaustive":
         return ListSampler(encoding, encoding.candidates, seed)
     if strategy == "quack44":
-        return ListSampler(encoding, quack_configs(problem.arch), seed)
+        return ListSampler(encoding, quack_list(problem.arch), seed)
     if strategy == "nvmmh":
-        picks = [c for c in nvmmh_configs(problem) if c.short() in encoding.index]
-        return ListSampler(encoding, picks[:nvmmh_top_k], seed)
+        return ListSampler(encoding, nvmmh_list(problem, encoding.candidates, nvmmh_top_k), seed)
     raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")

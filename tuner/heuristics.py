@@ -1,0 +1,358 @@
+"""Compile-time heuristics: the cost model's picks frozen into a compact, versioned file, so
+Inductor's lowering asks a dict and a log-spaced grid instead of running the model.
+
+A file serves one (arch, dtype). For each operand-major pair and each cell of a log-spaced
+(batch, M, N, K) grid it stores the model's top-k configs and its cuBLAS-fallback flag, plus
+exact entries for recorded problems (the shapes we know users run). ``lookup`` returns the
+exact entry when there is one, else the grid cell nearest in log space: a cell's configs are
+the model's picks for the cell's own shape, which is why the grid is log-spaced (tile and wave
+effects change with ratios, not differences).
+
+``cutetune emit --model PATH --out FILE`` writes it; ``Heuristics.load`` reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from bisect import bisect_left
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import cutetune
+from cutetune.space.config import KernelConfig
+from cutetune.space.problem import ARCHES, SUPPORTED_DTYPES, GemmProblem, ProblemError
+
+FORMAT = "cutetune-heuristics"
+VERSION = 1
+MAJORS = ("kk", "kn", "mk", "mn")  # a_major + b_major
+CONFIG_FIELDS = tuple(f.name for f in fields(KernelConfig))
+# Configs kept per entry: at least the largest top-k the reduced mode may ask for.
+FILE_TOP_K = 8
+DATA_DIR = Path(cutetune.__file__).resolve().parent / "data"  # package data (pyproject)
+
+# An entry: (cuBLAS-fallback flag, indices into the file's config table, best first).
+Entry = tuple[bool, tuple[int, ...]]
+
+
+class HeuristicsError(ValueError):
+    """A heuristics file that cannot be used (corrupt, another format version, another
+    arch/dtype), or a problem it does not cover."""
+
+
+def _pow2(lo: int, hi: int) -> tuple[int, ...]:
+    return tuple(2 ** e for e in range(lo, hi + 1))
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Log-spaced cell centres. N and K start at 16 so every cell is TMA-aligned for 16-bit
+    operands whichever dim is contiguous; M starts at 1 (decode)."""
+
+    batch: tuple[int, ...] = (1,)
+    m: tuple[int, ...] = _pow2(0, 15)  # 1 .. 32768
+    n: tuple[int, ...] = _pow2(4, 15)  # 16 .. 32768
+    k: tuple[int, ...] = _pow2(4, 15)
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "m", "n", "k"):
+            v = getattr(self, name)
+            if not v or any(not isinstance(x, int) or x <= 0 for x in v) or list(v) != sorted(set(v)):
+                raise HeuristicsError(f"grid {name} must be increasing positive integers, got {v!r}")
+
+    @property
+    def size(self) -> int:
+        return len(MAJORS) * len(self.batch) * len(self.m) * len(self.n) * len(self.k)
+
+    def problems(self, arch: str, dtype: str) -> Iterator[GemmProblem | None]:
+        """Each cell's problem in storage order; None where the shape is invalid for the
+        majors (an m-major A needs M aligned like K)."""
+        for majors in MAJORS:
+            for b in self.batch:
+                for m in self.m:
+                    for n in self.n:
+                        for k in self.k:
+                            try:
+                                yield GemmProblem(m, n, k, b, dtype, dtype, majors[0], majors[1],
+                                                  arch)
+                            except ProblemError:
+                                yield None
+
+    def to_json(self) -> dict:
+        return {"batch": list(self.batch), "m": list(self.m), "n": list(self.n),
+                "k": list(self.k), "majors": list(MAJORS)}
+
+
+class _Locator:
+    """Nearest grid index in log space, per dimension, by bisection on precomputed logs."""
+
+    def __init__(self, values: tuple[int, ...]) -> None:
+        self.logs = [math.log2(v) for v in values]
+
+    def __call__(self, x: int) -> int:
+        lx = math.log2(x)
+        i = bisect_left(self.logs, lx)
+        if i == 0:
+            return 0
+        if i == len(self.logs):
+            return i - 1
+        return i if self.logs[i] - lx < lx - self.logs[i - 1] else i - 1
+
+
+class Heuristics:
+    """A loaded heuristics file: ``lookup(problem) -> (top-k configs, use_aten)``."""
+
+    def __init__(self, arch: str, dtype: str, top_k: int, grid: Grid,
+                 configs: tuple[KernelConfig, ...], cells: list[Entry | None],
+                 exact: dict[str, Entry], meta: dict | None = None, digest: str = "") -> None:
+        self.arch, self.dtype, self.top_k, self.grid = arch, dtype, top_k, grid
+        self.configs, self.cells, self.exact = configs, cells, exact
+        self.meta = meta or {}
+        self.digest = digest or _digest(json.dumps(self.to_json(), sort_keys=True).encode())
+        self._locate = [_Locator(v) for v in (grid.batch, grid.m, grid.n, grid.k)]
+        self._dims = (len(grid.batch), len(grid.m), len(grid.n), len(grid.k))
+
+    def lookup(self, problem: GemmProblem) -> tuple[tuple[KernelConfig, ...], bool]:
+        """The configs to try for ``problem``, best first, and whether the model prefers
+        cuBLAS for it. HeuristicsError when the file is for another arch or dtype."""
+        if problem.arch != self.arch or problem.dtype != self.dtype:
+            raise HeuristicsError(f"heuristics are for {self.arch}/{self.dtype}, not "
+                                  f"{problem.arch}/{problem.dtype}")
+        entry = self.exact.get(problem.key())
+        if entry is None:
+            entry = self.cells[self._cell(problem)]
+        if entry is None:  # only cells whose shape is invalid for their majors
+            return (), True
+        aten, idx = entry
+        return tuple(self.configs[i] for i in idx), aten
+
+    def _cell(self, p: GemmProblem) -> int:
+        nb, nm, nn, nk = self._dims
+        i = MAJORS.index(p.a_major + p.b_major)
+        for loc, size, x in zip(self._locate, (nb, nm, nn, nk), (p.batch, p.m, p.n, p.k)):
+            i = i * size + loc(x)
+        return i
+
+    # ------------------------------------------------------------ file format
+    def to_json(self) -> dict:
+        enc = lambda e: None if e is None else [int(e[0]), *e[1]]  # noqa: E731
+        return {
+            "format": FORMAT, "version": VERSION, "arch": self.arch, "dtype": self.dtype,
+            "top_k": self.top_k, "config_fields": list(CONFIG_FIELDS),
+            "configs": [[getattr(c, f) for f in CONFIG_FIELDS] for c in self.configs],
+            "grid": self.grid.to_json(), "cells": [enc(e) for e in self.cells],
+            "exact": {k: enc(e) for k, e in sorted(self.exact.items())}, "meta": self.meta,
+        }
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write atomically (temporary name, then rename): Inductor may read it concurrently."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        data = json.dumps(self.to_json(), separators=(",", ":")).encode()
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, out)
+        self.digest = _digest(data)
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Heuristics":
+        p = Path(path)
+        try:
+            raw = p.read_bytes()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"heuristics file {p} does not exist (write one with "
+                                    f"`cutetune emit --model MODEL --out {p}`)") from None
+        try:
+            d = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise HeuristicsError(f"corrupt heuristics file {p}: {e}") from None
+        try:
+            return cls._from_json(d, _digest(raw))
+        except HeuristicsError as e:
+            raise HeuristicsError(f"{p}: {e}") from None
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise HeuristicsError(f"corrupt heuristics file {p}: {type(e).__name__}: {e}") from None
+
+    @classmethod
+    def _from_json(cls, d: dict, digest: str) -> "Heuristics":
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise HeuristicsError(f"not a cutetune heuristics file (format {FORMAT!r} expected)")
+        if d.get("version") != VERSION:
+            raise HeuristicsError(f"format version {d.get('version')!r}; this cutetune reads "
+                                  f"version {VERSION} (re-run `cutetune emit`)")
+        if tuple(d["config_fields"]) != CONFIG_FIELDS:
+            raise HeuristicsError(f"config fields {d['config_fields']} differ from this "
+                                  f"cutetune's {list(CONFIG_FIELDS)} (re-run `cutetune emit`)")
+        arch, dtype = d["arch"], d["dtype"]
+        if arch not in ARCHES or dtype not in SUPPORTED_DTYPES:
+            raise HeuristicsError(f"unsupported arch/dtype {arch}/{dtype}")
+        g = d["grid"]
+        if tuple(g["majors"]) != MAJORS:
+            raise HeuristicsError(f"grid majors {g['majors']} differ from {list(MAJORS)}")
+        grid = Grid(*(tuple(g[name]) for name in ("batch", "m", "n", "k")))
+        configs = tuple(KernelConfig(*c) for c in d["configs"])
+        n_cfg = len(configs)
+
+        def dec(e) -> Entry | None:
+            if e is None:
+                return None
+            flag, *idx = e
+            if flag not in (0, 1) or any(not isinstance(i, int) or not 0 <= i < n_cfg for i in idx):
+                raise HeuristicsError(f"bad entry {e!r}")
+            return bool(flag), tuple(idx)
+
+        cells = [dec(e) for e in d["cells"]]
+        if len(cells) != grid.size:
+            raise HeuristicsError(f"{len(cells)} cells for a grid of {grid.size}")
+        exact = {str(k): dec(e) for k, e in d["exact"].items()}
+        return cls(arch, dtype, int(d["top_k"]), grid, configs, cells, exact, d.get("meta"),
+                   digest)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def default_path(arch: str, dtype: str) -> Path:
+    """Where the packaged heuristics for (arch, dtype) live."""
+    return DATA_DIR / f"heuristics_{arch}_{dtype}.json"
+
+
+class PackagedHeuristics:
+    """The heuristics shipped in cutetune/data, one file per (arch, dtype), each loaded on
+    first use; HeuristicsError from ``lookup`` for a pair that has no file."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        folder = DATA_DIR if folder is None else Path(folder)
+        self.paths = {}
+        for path in sorted(folder.glob("heuristics_*_*.json")):
+            _, arch, dtype = path.stem.split("_", 2)
+            self.paths[(arch, dtype)] = path
+        if not self.paths:
+            raise HeuristicsError(
+                f"no packaged heuristics in {folder}: write one with `cutetune emit --model "
+                f"MODEL --out {default_path('sm90', 'bf16')}` or pass model=PATH")
+        self.digest = _digest("".join(_digest(p.read_bytes()) for p in self.paths.values())
+                              .encode())
+        self._loaded: dict[tuple[str, str], Heuristics] = {}
+
+    def lookup(self, problem: GemmProblem) -> tuple[tuple[KernelConfig, ...], bool]:
+        pair = (problem.arch, problem.dtype)
+        h = self._loaded.get(pair)
+        if h is None:
+            if pair not in self.paths:
+                raise HeuristicsError(f"no packaged heuristics for {pair[0]}/{pair[1]}")
+            h = self._loaded[pair] = Heuristics.load(self.paths[pair])
+        return h.lookup(problem)
+
+
+class ModelHeuristics:
+    """``lookup`` straight from a cost model (``rank`` and ``prefers_cublas``): what a
+    heuristics file freezes, and a way to try a model before emitting one."""
+
+    def __init__(self, model, top_k: int = FILE_TOP_K) -> None:
+        self.model, self.top_k = model, top_k
+        self.digest = f"model:{type(model).__qualname__}@{id(model):x}"
+
+    def lookup(self, problem: GemmProblem) -> tuple[tuple[KernelConfig, ...], bool]:
+        ranked = self.model.rank(problem, top_k=self.top_k)
+        return tuple(c for c, _ in ranked[:self.top_k]), bool(self.model.prefers_cublas(problem))
+
+
+def build(model, arch: str, dtype: str, top_k: int = FILE_TOP_K, grid: Grid = Grid(),
+          problems: Iterable[GemmProblem] = (), meta: dict | None = None,
+          progress: Callable[[int, int], None] | None = None) -> Heuristics:
+    """Freeze ``model``'s picks for every grid cell and for each of ``problems`` on
+    (arch, dtype) into a Heuristics table."""
+    source = ModelHeuristics(model, top_k)
+    index: dict[KernelConfig, int] = {}
+
+    def entry(p: GemmProblem) -> Entry:
+        configs, aten = source.lookup(p)
+        return aten, tuple(index.setdefault(c, len(index)) for c in configs)
+
+    cells: list[Entry | None] = []
+    for i, p in enumerate(grid.problems(arch, dtype)):
+        cells.append(None if p is None else entry(p))
+        if progress and (i + 1) % 1000 == 0:
+            progress(i + 1, grid.size)
+    exact = {p.key(): entry(p) for p in problems if (p.arch, p.dtype) == (arch, dtype)}
+    configs = tuple(sorted(index, key=index.__getitem__))
+    return Heuristics(arch, dtype, top_k, grid, configs, cells, exact, meta)
+
+
+# ---------------------------------------------------------------- `cutetune emit`
+def _recorded_problems(dataset: str, arch: str, dtype: str) -> list[GemmProblem]:
+    from cutetune.dataset import PROBLEM_COLUMNS, load
+
+    t = load(dataset, columns=list(PROBLEM_COLUMNS))
+    rows = {tuple(r[c] for c in PROBLEM_COLUMNS) for r in t.to_pylist()}
+    out = []
+    for r in sorted(rows):
+        p = dict(zip(PROBLEM_COLUMNS, r))
+        if (p["arch"], p["dtype"]) == (arch, dtype):
+            out.append(GemmProblem(**{**p, "batch": int(p["batch"])}))
+    return out
+
+
+def _cmd_emit(args) -> int:
+    from cutetune.cli import UserError
+
+    try:
+        from cutetune.models import load_model
+    except ImportError as e:
+        raise UserError(f"the cost models are not available ({e})") from None
+
+    grid = Grid(batch=tuple(args.batches))
+    model = load_model(args.model, arch=args.arch, dtype=args.dtype)
+    problems = _recorded_problems(args.dataset, args.arch, args.dtype) if args.dataset else []
+    meta = {"model": str(args.model), "model_digest": _digest(Path(args.model).read_bytes())
+            if Path(args.model).is_file() else None,
+            "dataset": args.dataset, "created": time.time()}
+    t0 = time.perf_counter()
+    h = build(model, args.arch, args.dtype, args.top_k, grid, problems, meta,
+              progress=lambda i, n: print(f"  {i}/{n} cells", flush=True))
+    path = h.save(args.out)
+    print(f"wrote {path}: {grid.size} grid cells, {len(h.exact)} recorded problems, "
+          f"{len(h.configs)} distinct configs, {path.stat().st_size / 1024:.0f} KiB, "
+          f"digest {h.digest} ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    (v,) = _positive_ints(text)
+    return v
+
+
+def _positive_ints(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"expected comma-separated positive integers, got {text!r}") from None
+    if any(v <= 0 for v in vals):
+        raise ValueError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "emit", help="freeze a trained cost model into the compile-time heuristics file",
+        description="Write the heuristics file Inductor's lowering reads: the model's top-k "
+        "configs and cuBLAS flag per cell of a log-spaced (batch, M, N, K) grid and per "
+        "recorded problem.")
+    p.add_argument("--model", required=True, help="trained cost model (cutetune train output)")
+    p.add_argument("--out", required=True, help="heuristics file to write (JSON)")
+    p.add_argument("--arch", default="sm90", choices=ARCHES)
+    p.add_argument("--dtype", default="bf16", choices=SUPPORTED_DTYPES)
+    p.add_argument("--top-k", type=_positive_int, default=FILE_TOP_K,
+                   help=f"configs kept per entry (default {FILE_TOP_K})")
+    p.add_argument("--dataset", help="dataset folder: add exact entries for its problems")
+    p.add_argument("--batches", type=_positive_ints, default=[1],
+                   help="grid batch values, comma-separated (default 1: bmm uses the cell of "
+                   "its per-batch shape)")
+    p.set_defaults(func=_cmd_emit)

@@ -1,0 +1,421 @@
+"""torch.compile integration: quack's CuteDSL GEMMs as Inductor choices for mm, addmm and bmm.
+
+Inductor (2.11 to 2.13) has no CuteDSL GEMM for Hopper. We add one without patching torch:
+``enable()`` installs an ``InductorChoices`` subclass through
+``torch._inductor.config.inductor_choices_class``; its ``get_template_configs`` replaces the
+candidate list of every mm/addmm/bmm node it can serve with extern-kernel choices calling
+``launcher.quack_mm_out`` with one config each.
+
+Modes:
+  predicted  one choice per node: the heuristics' top-1 config, or ATen when quack cannot run
+             the problem or the model prefers cuBLAS. A single choice is never benchmarked
+             (``AlgorithmSelectorCache.__call__`` returns it as is), so compiling costs a table
+             lookup plus the kernel compile, which quack caches on disk.
+  reduced    the top-k configs plus ATen, benchmarked by Inductor; ``feedback=PATH`` appends
+             those timings to a cutetune dataset.
+  off        nothing installed (an active cutetune installation is lifted for the block).
+
+Compile-time decisions come from the heuristics file (``heuristics.py``), not the cost model,
+so lowering stays cheap. The installed choices are part of Inductor's FX-graph cache key
+(``uuid()`` on 2.13, the pickled factory on 2.11): mode, top-k and the heuristics' digest.
+
+Compilation is lazy: a function compiled inside ``with enable(...)`` must also be first *called*
+there, or Inductor compiles it after the block with the previous choices.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import uuid as uuidlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import sympy
+import torch
+from torch._inductor import config as inductor_config
+from torch._inductor import virtualized
+from torch._inductor.choices import InductorChoices
+from torch._inductor.select_algorithm import (
+    ExternKernelCaller,
+    ExternKernelChoice,
+    get_algorithm_selector_cache,
+)
+from torch._inductor.utils import use_aten_gemm_kernels
+from torch._inductor.virtualized import V
+
+import cutetune
+from cutetune.space.config import KernelConfig
+from cutetune.space.problem import GemmProblem, ProblemError
+from cutetune.space.rules import is_valid
+
+from . import launcher
+from .heuristics import Heuristics, HeuristicsError, ModelHeuristics, PackagedHeuristics
+
+log = logging.getLogger(__name__)
+
+MODES = ("predicted", "reduced", "off")
+# CuteDSL candidates per node in reduced mode. The value comes from the tuner's replay report
+# (the smallest k whose top-k contains a config close enough to the measured best on held-out
+# problems); the lead sets it from that report.
+REDUCED_TOP_K = 4
+# op name -> uid of ATen's own kernel for it: the template whose get_template_configs call we
+# answer. Other ATen variants (mm with out_dtype, bias_addmm) are left to Inductor.
+PRIMARY_ATEN = {"mm": "aten::mm", "addmm": "aten::addmm", "bmm": "aten::bmm"}
+ATEN_KERNELS = ("mm", "addmm", "bmm", "bias_addmm")  # extern names whose timings are cuBLAS
+FEEDBACK_SUITE = "inductor_feedback"
+ENV_VARS = ("CUTETUNE_MODE", "CUTETUNE_TOPK", "CUTETUNE_MODEL", "CUTETUNE_FEEDBACK")
+
+device_arch = launcher.device_arch  # module attribute so tests can stand in for a GPU
+
+
+# ---------------------------------------------------------------- decisions (pure)
+@dataclass(frozen=True)
+class NodeDecision:
+    """What one GEMM node gets: quack configs to offer and whether ATen is offered too."""
+
+    configs: tuple[KernelConfig, ...]
+    aten: bool
+    reason: str
+
+
+def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: int) -> NodeDecision:
+    """predicted: the top-1 config alone, or ATen alone; reduced: the top-k configs and ATen.
+    ``problem`` is the ProblemError when quack cannot run the node."""
+    if isinstance(problem, ProblemError):
+        return NodeDecision((), True, f"unsupported: {problem}")
+    try:
+        configs, prefers_aten = heuristics.lookup(problem)
+    except HeuristicsError as e:
+        return NodeDecision((), True, str(e))
+    # A stale file must not hand quack a config it rejects for this problem.
+    configs = tuple(c for c in configs if is_valid(c, problem.arch, problem))
+    if not configs:
+        return NodeDecision((), True, "no valid config in the heuristics")
+    if mode == "predicted":
+        if prefers_aten:
+            return NodeDecision((), True, "the model prefers cuBLAS")
+        return NodeDecision(configs[:1], False, "top-1")
+    return NodeDecision(configs[:top_k], True, f"top-{top_k} + ATen")
+
+
+def _static(values, what: str) -> tuple[int, ...]:
+    out = []
+    for v in values:
+        if isinstance(v, sympy.Expr) and v.is_Integer:
+            v = int(v)
+        if not isinstance(v, int):
+            raise ProblemError(f"{what} {tuple(values)} are symbolic (dynamic shapes run ATen)")
+        out.append(v)
+    return tuple(out)
+
+
+def _node_problem(mat1, mat2, out_dtype: torch.dtype, arch: str | None) -> GemmProblem:
+    for node, name in ((mat1, "A"), (mat2, "B")):
+        offset = _static([node.get_layout().offset], f"{name} offset")[0]
+        if offset * node.get_dtype().itemsize % launcher.TMA_ALIGN_BYTES:
+            raise ProblemError(f"{name} starts {offset} elements into its buffer (unaligned)")
+    return launcher.gemm_problem(
+        _static(mat1.get_size(), "A sizes"), _static(mat1.get_stride(), "A strides"),
+        _static(mat2.get_size(), "B sizes"), _static(mat2.get_stride(), "B strides"),
+        mat1.get_dtype(), out_dtype, arch)
+
+
+def problem_from_inputs(op_name: str, kernel_inputs, arch: str | None) -> GemmProblem:
+    """The GemmProblem of an Inductor mm/addmm/bmm node (its MMKernelInputs), or ProblemError
+    naming why quack cannot run it."""
+    mat1, mat2 = kernel_inputs.mat1mat2()
+    problem = _node_problem(mat1, mat2, kernel_inputs.out_dtype(), arch)
+    if op_name == "addmm":
+        inp = kernel_inputs.nodes()[0]
+        launcher.addend_kind(_static(inp.get_size(), "input sizes"),
+                             _static(inp.get_stride(), "input strides"), inp.get_dtype(),
+                             kernel_inputs.out_dtype(), problem.m, problem.n,
+                             kernel_inputs.get_scalar("beta"))
+    return problem
+
+
+# ---------------------------------------------------------------- the Inductor hook
+# Heuristics sources by digest: the factory Inductor pickles (2.11) or asks uuid() of (2.13)
+# must stay a few plain fields, so the loaded table is kept here.
+_SOURCES: dict[str, object] = {}
+
+
+class CuteTuneChoices(InductorChoices):
+    """InductorChoices whose mm/addmm/bmm candidates are cutetune's (see the module doc)."""
+
+    def __init__(self, mode: str, top_k: int, source: str) -> None:
+        super().__init__()
+        self.mode, self.top_k, self.source = mode, top_k, source
+        self.heuristics = _SOURCES[source]
+        self.externs = launcher.extern_choices()
+
+    def uuid(self) -> str:
+        return f"cutetune-{cutetune.__version__}:{self.mode}:k{self.top_k}:{self.source}"
+
+    def decide_node(self, kernel_inputs, op_name: str) -> NodeDecision:
+        try:
+            problem = problem_from_inputs(op_name, kernel_inputs,
+                                          device_arch(kernel_inputs.device()))
+        except ProblemError as e:
+            problem = e
+        return decide(problem, self.mode, self.heuristics, self.top_k)
+
+    def get_template_configs(self, kernel_inputs, templates, op_name, kwarg_overrides=None):
+        if op_name == "mm-ah":  # autoheuristic re-ranking of Triton mm configs: we own the list
+            return []
+        if (op_name not in PRIMARY_ATEN or kernel_inputs.device_type != "cuda"
+                or not use_aten_gemm_kernels() or V.graph.cpp_wrapper):
+            return super().get_template_configs(kernel_inputs, templates, op_name,
+                                                kwarg_overrides)
+        externs = [t for t in templates if isinstance(t, ExternKernelChoice)]
+        if not externs:
+            return []  # a Triton/subgraph-only call of this node: replaced by our candidates
+        if not any(t.uid == PRIMARY_ATEN[op_name] for t in externs):  # e.g. mm with out_dtype
+            return super().get_template_configs(kernel_inputs, templates, op_name,
+                                                kwarg_overrides)
+        d = self.decide_node(kernel_inputs, op_name)
+        log.info("cutetune %s %s: %s%s", self.mode, op_name, d.reason,
+                 "".join(f" {c.short()}" for c in d.configs))
+        choices = []
+        if d.aten:
+            keep = externs if self.mode == "reduced" else [
+                t for t in externs if t.uid == PRIMARY_ATEN[op_name]]
+            choices += super().get_template_configs(kernel_inputs, keep, op_name,
+                                                    kwarg_overrides)
+        layout = kernel_inputs.output_layout(flexible=False)
+        extra = {}
+        if op_name == "addmm":
+            extra = {"alpha": kernel_inputs.get_scalar("alpha"),
+                     "beta": kernel_inputs.get_scalar("beta")}
+        kernel = self.externs[launcher.ADDMM_KERNEL if op_name == "addmm" else launcher.MM_KERNEL]
+        for c in d.configs:
+            caller = kernel.bind(kernel_inputs.nodes(), layout,
+                                 config=launcher.config_tuple(c), **extra)
+            caller.description = c.short()
+            choices.append(caller)
+        return choices
+
+
+@dataclass(frozen=True)
+class ChoicesFactory:
+    """What ``inductor_choices_class`` holds: plain fields, so torch 2.11 can pickle it into
+    the cache key, and a call that builds the choices (2.13 asks their ``uuid()``)."""
+
+    mode: str
+    top_k: int
+    source: str
+
+    def __call__(self) -> CuteTuneChoices:
+        if self.source not in _SOURCES:
+            raise RuntimeError(f"cutetune heuristics {self.source} are not loaded in this "
+                               "process: call cutetune.tuner.inductor.enable() first")
+        return CuteTuneChoices(self.mode, self.top_k, self.source)
+
+
+# ---------------------------------------------------------------- feedback
+def _environment(device: torch.device) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def pkg(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    props = torch.cuda.get_device_properties(device)
+    return {"device_name": props.name, "sm_count": props.multi_processor_count,
+            "cuda": torch.version.cuda, "torch_version": torch.__version__,
+            "cutlass_dsl_version": pkg("nvidia-cutlass-dsl"),
+            "quack_version": pkg("quack-kernels")}
+
+
+class FeedbackRecorder:
+    """An Inductor feedback saver appending the timings of the nodes cutetune served to a
+    dataset: quack rows with their config, ATen rows as backend "cublas". Timings the
+    autotune cache replays unchanged are not appended twice."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.run_id = uuidlib.uuid4().hex[:12]
+        self._seen: set[tuple] | None = None
+        self._env: dict | None = None
+
+    def _load_seen(self) -> set[tuple]:
+        from cutetune.dataset import load, parts
+
+        if not parts(self.path):
+            return set()
+        t = load(self.path, columns=["suite", "problem_key", "backend", "config_key", "time_ms"])
+        return {(pk, b, ck, tm) for s, pk, b, ck, tm in zip(*(t.column(c).to_pylist() for c in (
+            "suite", "problem_key", "backend", "config_key", "time_ms"))) if s == FEEDBACK_SUITE}
+
+    def rows(self, timings, name, input_nodes) -> list[dict]:
+        served = [c for c in timings if isinstance(c, ExternKernelCaller)
+                  and c.choice.name in (launcher.MM_KERNEL, launcher.ADDMM_KERNEL)]
+        if name not in PRIMARY_ATEN or not served:
+            return []
+        mat1, mat2 = input_nodes[-2:]
+        device = mat1.get_device()
+        try:
+            problem = _node_problem(mat1, mat2, mat1.get_dtype(), device_arch(device))
+        except ProblemError:
+            return []
+        if self._env is None:
+            self._env = _environment(device)
+        base = {**self._env, **problem.to_dict(), "run_id": self.run_id,
+                "timestamp": time.time(), "problem_key": problem.key(), "suite": FEEDBACK_SUITE}
+        rows = []
+        for choice, ms in timings.items():
+            if not isinstance(choice, ExternKernelCaller):
+                continue
+            if choice in served:
+                cfg = launcher.as_config(choice.kwargs["config"])
+                row = {**base, "backend": "quack", "config_key": cfg.short(), **cfg.to_dict()}
+            elif choice.choice.name in ATEN_KERNELS:
+                row = {**base, "backend": "cublas", "config_key": None}
+            else:
+                continue
+            ok = math.isfinite(ms)
+            row.update(status="ok" if ok else "runtime_error", time_ms=ms if ok else None,
+                       error=None if ok else "Inductor benchmark returned inf")
+            rows.append(row)
+        return rows
+
+    def __call__(self, timings, name, input_nodes, choices, profiler_bench_function,
+                 precompile_times=None) -> None:
+        from cutetune.dataset import append
+
+        rows = self.rows(timings, name, input_nodes)
+        if not rows:
+            return
+        if self._seen is None:
+            self._seen = self._load_seen()
+        fresh = []
+        for r in rows:
+            key = (r["problem_key"], r["backend"], r["config_key"], r["time_ms"])
+            if key not in self._seen:
+                self._seen.add(key)
+                fresh.append(r)
+        append(self.path, fresh)
+
+
+# ---------------------------------------------------------------- installation
+_UNSET = object()
+_HANDLER_KEY = virtualized._choices._key
+
+
+def _swap_thread_handler(value):
+    """Set (or with _UNSET clear) this thread's cached V.choices; return the previous one.
+    Inductor builds it from ``inductor_choices_class`` on first use and then keeps it, so
+    changing the config alone would not reach a thread that has compiled before."""
+    prev = getattr(virtualized.threadlocal, _HANDLER_KEY, _UNSET)
+    if value is _UNSET:
+        if prev is not _UNSET:
+            delattr(virtualized.threadlocal, _HANDLER_KEY)
+    else:
+        setattr(virtualized.threadlocal, _HANDLER_KEY, value)
+    return prev
+
+
+def _resolve_source(model) -> str:
+    """Register the heuristics behind ``model`` and return their digest."""
+    if model is None:
+        h = PackagedHeuristics()
+    elif isinstance(model, (str, os.PathLike)):
+        h = Heuristics.load(model)
+    elif hasattr(model, "lookup"):
+        h = model
+    elif hasattr(model, "rank") and hasattr(model, "prefers_cublas"):
+        h = ModelHeuristics(model)
+    else:
+        raise TypeError(f"model must be a heuristics file path, an object with lookup(problem), "
+                        f"or a cost model with rank() and prefers_cublas(); got {type(model)}")
+    digest = getattr(h, "digest", None) or f"{type(h).__qualname__}@{id(h):x}"
+    _SOURCES[digest] = h
+    return digest
+
+
+class Installation:
+    """An active ``enable()``: a context manager, or call ``disable()``. Restores the previous
+    ``inductor_choices_class``, this thread's choices handler and the feedback savers."""
+
+    def __init__(self, factory: ChoicesFactory | None, feedback: FeedbackRecorder | None) -> None:
+        self.factory, self.feedback = factory, feedback
+        self._prev_class = inductor_config.inductor_choices_class
+        if factory is not None:
+            new_class = factory
+        elif isinstance(self._prev_class, ChoicesFactory):
+            new_class = None  # "off" lifts an outer cutetune installation
+        else:
+            new_class = self._prev_class
+        inductor_config.inductor_choices_class = new_class
+        self._prev_handler = _swap_thread_handler(_UNSET)
+        if feedback is not None:
+            get_algorithm_selector_cache().add_feedback_saver(feedback)
+        self.active = True
+
+    def disable(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        inductor_config.inductor_choices_class = self._prev_class
+        _swap_thread_handler(self._prev_handler)
+        if self.feedback is not None:
+            savers = get_algorithm_selector_cache().feedback_saver_fns
+            if self.feedback in savers:
+                savers.remove(self.feedback)
+
+    def __enter__(self) -> "Installation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.disable()
+
+
+def enable(mode: str = "predicted", top_k: int | None = None, model=None,
+           feedback: str | os.PathLike | None = None) -> Installation:
+    """Install cutetune's choices into Inductor; use as a function or a context manager.
+
+    ``model``: a heuristics file (``cutetune emit``), an object with ``lookup(problem)``, or a
+    cost model with ``rank``/``prefers_cublas``; default: the heuristics packaged with
+    cutetune. ``top_k``: reduced-mode candidates (default REDUCED_TOP_K). ``feedback``: a
+    dataset folder that receives Inductor's reduced-mode timings.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown cutetune mode {mode!r}; expected one of {', '.join(MODES)}")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+    if mode == "predicted" and top_k not in (None, 1):
+        raise ValueError("predicted mode offers one config per node; top_k is for reduced mode")
+    if feedback is not None and mode != "reduced":
+        raise ValueError("feedback records Inductor's benchmarks, which only reduced mode runs")
+    if mode == "off":
+        return Installation(None, None)
+    k = 1 if mode == "predicted" else (top_k or REDUCED_TOP_K)
+    launcher.extern_choices()  # generated code (also from the FX cache) calls these by name
+    factory = ChoicesFactory(mode, k, _resolve_source(model))
+    return Installation(factory, FeedbackRecorder(feedback) if feedback is not None else None)
+
+
+def enable_from_env(environ=None) -> Installation | None:
+    """``enable()`` configured by CUTETUNE_MODE (predicted | reduced | off; unset = off),
+    CUTETUNE_TOPK, CUTETUNE_MODEL (heuristics file) and CUTETUNE_FEEDBACK (dataset folder).
+    Returns None when the mode is off."""
+    env = os.environ if environ is None else environ
+    mode = env.get("CUTETUNE_MODE", "").strip().lower() or "off"
+    if mode not in MODES:
+        raise ValueError(f"CUTETUNE_MODE={env['CUTETUNE_MODE']!r}; expected one of "
+                         f"{', '.join(MODES)}")
+    top_k = None
+    if env.get("CUTETUNE_TOPK", "").strip():
+        try:
+            top_k = int(env["CUTETUNE_TOPK"])
+        except ValueError:
+            raise ValueError(f"CUTETUNE_TOPK={env['CUTETUNE_TOPK']!r} is not an integer") from None
+    if mode == "off":
+        return None
+    return enable(mode, top_k=top_k, model=env.get("CUTETUNE_MODEL") or None,
+                  feedback=env.get("CUTETUNE_FEEDBACK") or None)

@@ -1,0 +1,257 @@
+"""Run quack's CuteDSL GEMM with a given KernelConfig for mm, addmm and bmm, falling back to
+ATen for whatever quack cannot take, and expose it to Inductor as extern kernels.
+
+quack's public ``gemm`` chooses its own config (autotuner or heuristic) and takes no C operand,
+so we enter one level down, at ``gemm_interface._gemm_execute``: it takes an explicit config and
+C / bias / alpha / beta, does quack's operand routing (swap_ab, B passed (K, N), batching) and
+returns a dispatch plan which, handed back on the next call with the same metadata, skips quack's
+own key building. We cache that plan per metadata key, as quack's ``gemm`` does for its own calls.
+
+The support envelope (dtype, majors, 16-byte TMA strides, addend shape) is a pure function of
+sizes and strides, shared with the compile-time decision in ``inductor.py``; base-pointer
+alignment is only known at run time and is checked on every call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from functools import lru_cache
+
+import torch
+
+from cutetune.space.config import KernelConfig
+from cutetune.space.problem import TMA_ALIGN_BYTES, GemmProblem, ProblemError
+from cutetune.space.rules import violations
+
+log = logging.getLogger(__name__)
+
+TORCH_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+CAPABILITY_ARCH = {9: "sm90", 10: "sm100"}
+
+# Names under which Inductor's generated code calls the kernels (extern_kernels.<name>).
+MM_KERNEL = "cutetune_quack_mm"
+ADDMM_KERNEL = "cutetune_quack_addmm"
+
+
+# ---------------------------------------------------------------- support envelope (pure)
+def _major(size, stride, dims: tuple[str, str], elem: int, operand: str) -> str:
+    """Which of the last two dims is contiguous; the other's stride must be TMA-aligned."""
+    align = TMA_ALIGN_BYTES // elem
+    if stride[-1] == 1 and stride[-2] % align == 0:
+        return dims[1]
+    if stride[-2] == 1 and stride[-1] % align == 0:
+        return dims[0]
+    raise ProblemError(f"{operand} with sizes {tuple(size)} and strides {tuple(stride)} has no "
+                       f"contiguous dim with a {TMA_ALIGN_BYTES}-byte aligned leading stride")
+
+
+def gemm_problem(a_size, a_stride, b_size, b_stride, dtype: torch.dtype, out_dtype: torch.dtype,
+                 arch: str | None) -> GemmProblem:
+    """The GemmProblem of ``A @ B`` for operands of these sizes and strides (2D mm or 3D bmm),
+    or ProblemError naming why quack cannot run it."""
+    if arch is None:
+        raise ProblemError("the device is not an sm90 or sm100 GPU")
+    if dtype not in TORCH_DTYPES or out_dtype != dtype:
+        raise ProblemError(f"dtype {dtype} -> {out_dtype} is not supported; quack runs "
+                           f"bf16 or fp16 with the same output dtype")
+    if len(a_size) != len(b_size) or len(a_size) not in (2, 3):
+        raise ProblemError(f"expected 2D or 3D operands, got {len(a_size)}D @ {len(b_size)}D")
+    (m, k), (k2, n) = a_size[-2:], b_size[-2:]
+    batch = a_size[0] if len(a_size) == 3 else 1
+    if k != k2 or (len(b_size) == 3 and b_size[0] != batch):
+        raise ProblemError(f"sizes {tuple(a_size)} @ {tuple(b_size)} do not multiply")
+    elem = dtype.itemsize
+    a_major = _major(a_size, a_stride, ("m", "k"), elem, "A")
+    b_major = _major(b_size, b_stride, ("k", "n"), elem, "B")
+    if batch > 1 and (a_stride[0] * elem % TMA_ALIGN_BYTES or b_stride[0] * elem % TMA_ALIGN_BYTES):
+        raise ProblemError(f"batch strides {a_stride[0]}, {b_stride[0]} are not "
+                           f"{TMA_ALIGN_BYTES}-byte aligned")
+    name = TORCH_DTYPES[dtype]
+    return GemmProblem(m=int(m), n=int(n), k=int(k), batch=int(batch), dtype=name, out_dtype=name,
+                       a_major=a_major, b_major=b_major, arch=arch)
+
+
+def check_out(size, stride, dtype: torch.dtype) -> None:
+    """quack writes D row-major (N contiguous) with TMA-aligned row and batch strides."""
+    align = TMA_ALIGN_BYTES // dtype.itemsize
+    if stride[-1] != 1 or stride[-2] % align or (len(size) == 3 and size[0] > 1 and stride[0] % align):
+        raise ProblemError(f"output strides {tuple(stride)} are not row-major with "
+                           f"{TMA_ALIGN_BYTES}-byte aligned leading strides")
+
+
+def addend_kind(size, stride, dtype: torch.dtype, out_dtype: torch.dtype, m: int, n: int,
+                beta: float) -> str | None:
+    """How addmm's ``input`` maps onto quack's epilogue D = alpha*AB + beta*C + bias:
+    None (beta == 0: the input is ignored), "bias" (a row broadcast along M; quack adds it
+    unscaled, so only with beta == 1) or "c" (a full row-major (M, N) tensor)."""
+    if beta == 0:
+        return None
+    align = TMA_ALIGN_BYTES // dtype.itemsize
+    row = size[-1] == n and stride[-1] == 1
+    if row and (len(size) == 1 or (len(size) == 2 and (size[0] == 1 or stride[0] == 0))):
+        if beta != 1:
+            raise ProblemError(f"a broadcast bias with beta={beta} (quack adds bias unscaled)")
+        if dtype not in BIAS_DTYPES or (n * dtype.itemsize) % TMA_ALIGN_BYTES:
+            raise ProblemError(f"bias of dtype {dtype} and length {n} is not supported")
+        return "bias"
+    if row and len(size) == 2 and size[0] == m and stride[0] % align == 0:
+        if dtype != out_dtype:
+            raise ProblemError(f"C dtype {dtype} differs from the output dtype {out_dtype}")
+        return "c"
+    raise ProblemError(f"addmm input of sizes {tuple(size)} and strides {tuple(stride)} is neither "
+                       f"a row bias nor a row-major (M, N) tensor")
+
+
+def as_config(config) -> KernelConfig:
+    """A KernelConfig from itself or from its field tuple (how generated code passes it)."""
+    return config if isinstance(config, KernelConfig) else KernelConfig(*config)
+
+
+def config_tuple(config: KernelConfig) -> tuple:
+    """The field tuple generated code carries: a plain literal, so the code imports nothing."""
+    return dataclasses.astuple(config)
+
+
+# ---------------------------------------------------------------- run time
+@lru_cache(maxsize=None)
+def device_arch(device: torch.device) -> str | None:
+    """'sm90' / 'sm100' for a CUDA device quack's GEMM supports, else None."""
+    if device.type != "cuda":
+        return None
+    return CAPABILITY_ARCH.get(torch.cuda.get_device_capability(device)[0])
+
+
+class _Plan:
+    """What one metadata key resolved to: quack's config and, after the first launch, its
+    dispatch plan. ``config is None`` means this key runs on ATen."""
+
+    __slots__ = ("config", "quack_config", "addend", "dispatch")
+
+    def __init__(self, config: KernelConfig | None, arch: str | None = None,
+                 addend: str | None = None) -> None:
+        self.config = config
+        self.quack_config = config.to_quack(arch) if config is not None else None
+        self.addend = addend
+        self.dispatch = None
+
+
+_ATEN = _Plan(None)
+_plans: dict[tuple, _Plan] = {}
+
+
+def _build_plan(a, b, out, config: KernelConfig, c, beta) -> _Plan:
+    arch = device_arch(a.device)
+    try:
+        if b.device != a.device or out.device != a.device:
+            raise ProblemError("operands are on different devices")
+        problem = gemm_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype, out.dtype, arch)
+        check_out(out.shape, out.stride(), out.dtype)
+        addend = None
+        if c is not None:
+            addend = addend_kind(c.shape, c.stride(), c.dtype, out.dtype, problem.m, problem.n,
+                                 beta)
+        bad = violations(config, arch, problem)
+        if bad:
+            raise ProblemError(f"config {config.short()} breaks rule(s) "
+                               f"{', '.join(r.name for r in bad)} on {arch}")
+    except ProblemError as e:
+        log.info("cutetune: ATen for %s @ %s (%s)", tuple(a.shape), tuple(b.shape), e)
+        return _ATEN
+    return _Plan(config, arch, addend)
+
+
+def _aligned(*tensors) -> bool:
+    return all(t is None or t.data_ptr() % TMA_ALIGN_BYTES == 0 for t in tensors)
+
+
+def _aten(a, b, out, c, alpha, beta):
+    if c is not None:
+        return torch.addmm(c, a, b, beta=beta, alpha=alpha, out=out)
+    (torch.bmm if a.dim() == 3 else torch.mm)(a, b, out=out)
+    return out if alpha == 1 else out.mul_(alpha)
+
+
+def _launch(plan: _Plan, a, b, out, c, alpha, beta) -> None:
+    from quack.gemm_config import SplitKMode
+    from quack.gemm_interface import _gemm_execute
+    from quack.rounding import RoundingMode
+
+    cfg = plan.config
+    bias = C = None
+    if plan.addend == "bias":
+        bias = c if c.dim() == 1 else c.select(0, 0)
+    elif plan.addend == "c":
+        C = c
+    plan.dispatch = _gemm_execute(
+        a, b, out, C,
+        bias=bias, alpha=float(alpha), beta=float(beta) if C is not None else 1.0,
+        cu_seqlens_m=None, cu_seqlens_k=None, A_idx=None, batch_idx_permute=None,
+        add_to_output=False, dynamic_scheduler=cfg.is_dynamic_persistent,
+        config=plan.quack_config, rounding_mode=RoundingMode.RN, sr_seed=0, concat_layout=None,
+        SFA=None, SFB=None, split_k=cfg.split_k, split_k_mode=SplitKMode.SERIAL,
+        dispatch_plan=plan.dispatch,
+    )
+
+
+def quack_mm_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config,
+                 c: torch.Tensor | None = None, alpha: float = 1.0,
+                 beta: float = 1.0) -> torch.Tensor:
+    """``out = alpha * (a @ b) + beta * c`` (``c`` optional: addmm's input) with quack's kernel
+    for ``config`` (a KernelConfig or its field tuple); mm for 2D ``a``/``b``, bmm for 3D.
+
+    Anything quack cannot take (dtype, device, strides, addend shape, a config invalid for the
+    problem, an unaligned base pointer) runs ATen's out= variant instead, so the result is
+    always right. A config whose first launch fails (compile error) is retired to ATen for that
+    metadata with a warning.
+    """
+    key = (config, a.shape, a.stride(), b.shape, b.stride(), out.shape, out.stride(), a.dtype,
+           out.dtype, a.device,
+           None if c is None else (c.shape, c.stride(), c.dtype), alpha, beta)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = _build_plan(a, b, out, as_config(config), c, beta)
+    if plan.config is None or out.numel() == 0 or not _aligned(a, b, out, c):
+        return _aten(a, b, out, c, alpha, beta)
+    if plan.dispatch is not None:
+        _launch(plan, a, b, out, c, alpha, beta)
+        return out
+    try:  # first launch: compiles (or loads) the kernel
+        _launch(plan, a, b, out, c, alpha, beta)
+    except Exception as e:  # a kernel that cannot be built must not take the model down
+        log.warning("cutetune: quack config %s failed on %s @ %s (%s: %s); using ATen",
+                    plan.config.short(), tuple(a.shape), tuple(b.shape), type(e).__name__, e)
+        _plans[key] = _ATEN
+        return _aten(a, b, out, c, alpha, beta)
+    return out
+
+
+# ---------------------------------------------------------------- Inductor extern kernels
+def _cutetune_quack_mm(a, b, *, out, config):
+    return quack_mm_out(a, b, out, config)
+
+
+def _cutetune_quack_addmm(inp, a, b, *, out, config, alpha=1, beta=1):
+    return quack_mm_out(a, b, out, config, c=inp, alpha=alpha, beta=beta)
+
+
+_extern: dict[str, object] = {}
+
+
+def extern_choices() -> dict[str, object]:
+    """Inductor ExternKernelChoices for mm/bmm and addmm, registered once per process.
+
+    Generated code calls ``extern_kernels.cutetune_quack_mm(a, b, config=(...), out=buf)``: a
+    name registered when this runs (cutetune.tuner.inductor runs it on import) and a literal
+    config, so code reloaded from Inductor's FX-graph cache in a fresh process resolves it as
+    soon as cutetune is enabled there, which a cache hit requires anyway (the installed choices
+    are part of the cache key)."""
+    if not _extern:
+        from torch._inductor.select_algorithm import ExternKernelChoice, extern_kernels
+
+        for name, fn in ((MM_KERNEL, _cutetune_quack_mm), (ADDMM_KERNEL, _cutetune_quack_addmm)):
+            if hasattr(extern_kernels, name):  # a reloaded module re-registers its kernels
+                delattr(extern_kernels, name)
+            _extern[name] = ExternKernelChoice(fn, name=name, has_out_variant=True)
+    return _extern
