@@ -14,6 +14,10 @@ export QUACK_CACHE_DIR=/tmp/quack-cache PYTHONUNBUFFERED=1
 mkdir -p "$ROOT" "$QUACK_CACHE_DIR" "$OUT"
 left() { echo $(( DEADLINE - $(date +%s) - ${1:-40} )); }
 pack() { tar -C "$ROOT" -czf "$OUT/datasets.tgz" . ; ls -la "$OUT"; }
+# Resume from the committed dataset when this machine has none yet.
+[ -d "$ROOT/h200_bf16" ] || { [ -d data/h200_bf16 ] && cp -r data/h200_bf16 "$ROOT/"; }
+# Seconds reserved for the stages after train, so that a long train stage cannot starve them.
+AFTER_TRAIN=${CUTETUNE_AFTER_TRAIN_S:-330}
 for stage in "$@"; do
   echo "=== stage $stage, $(left 0) s left"
   case $stage in
@@ -22,7 +26,7 @@ for stage in "$@"; do
         || { echo "GPU tests failed: stopping before collection"; exit 1; } ;;
     train)
       python -m cutetune collect --problems train --configs sample:150 --out "$ROOT/h200_bf16" \
-        --time-budget "$(left 60)" --stats "$OUT/collect_train_stats.json" 2>&1 | tail -n 30 ;;
+        --time-budget "$(left $AFTER_TRAIN)" --stats "$OUT/collect_train_stats.json" 2>&1 | tail -n 30 ;;
     exhaustive)
       python -m cutetune collect --problems exhaustive --configs all --target-ms 1 --out "$ROOT/h200_bf16" \
         --time-budget "$(left 90)" --stats "$OUT/collect_exhaustive_stats.json" 2>&1 | tail -n 30 ;;

@@ -104,21 +104,31 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
     to the hardware; tests swap them to exercise scheduling, isolation and resume.
     """
     done = dataset.done_keys(out)
-    pending: dict[GemmProblem, list[KernelConfig]] = {}
+    arches = {p.arch for _, p in problems}
+    if len(arches) != 1:
+        raise ValueError(f"one collect run measures one arch; got {sorted(arches)}")
+    arch = arches.pop()
+    # Pending work as (config, kernel id) per problem; kernels are numbered in the order the
+    # problems need them, so whole problems become measurable while the rest still compiles.
+    kernel_ids: dict[tuple, int] = {}
+    kernels: list[tuple[GemmProblem, KernelConfig]] = []
+    pending: dict[GemmProblem, list[tuple[KernelConfig, int]]] = {}
     suites: dict[GemmProblem, str] = {}
     need_cublas: set[GemmProblem] = set()
     for name, p in problems:
-        suites.setdefault(p, name)
-        todo = [c for c in configs_for(p, configs_spec, seed)
-                if (p.key(), "quack", c.short()) not in done]
-        if todo:
-            pending.setdefault(p, []).extend(todo)
+        if p in suites:
+            continue
+        suites[p] = name
+        for c in configs_for(p, configs_spec, seed):
+            if (p.key(), "quack", c.short()) in done:
+                continue
+            cls = signature_class(p, c)
+            if cls not in kernel_ids:
+                kernel_ids[cls] = len(kernels)
+                kernels.append((p, c))
+            pending.setdefault(p, []).append((c, kernel_ids[cls]))
         if (p.key(), "cublas", "") not in done:
             need_cublas.add(p)
-    kernels: dict[tuple, tuple[GemmProblem, KernelConfig]] = {}
-    for p, cs in pending.items():
-        for c in cs:
-            kernels.setdefault(signature_class(p, c), (p, c))
     total = sum(map(len, pending.values()))
     print(f"collect: {len(pending)} problems with {total} pending measurements, "
           f"{len(kernels)} kernels to compile or load, {len(need_cublas)} cuBLAS baselines",
@@ -127,111 +137,111 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
     cache_dir = cache_dir or os.environ.get("QUACK_CACHE_DIR") or str(
         Path.home() / ".cache" / "cutetune" / "quack-kernels")
     os.makedirs(cache_dir, exist_ok=True)
-    arches = {p.arch for _, p in problems}
-    if len(arches) != 1:
-        raise ValueError(f"one collect run measures one arch; got {sorted(arches)}")
-    arch = arches.pop()
     n_compile = compile_workers or max(1, (os.cpu_count() or 2) - 2)
-    compile_s: dict[tuple, float] = {}
-    compile_err: dict[tuple, str] = {}
+    compile_s: dict[int, float] = {}
+    compile_err: dict[int, str] = {}
     prog = Progress()
-    keys = list(kernels)
     retry: list[MeasureTask] = []
 
-    def write(problem: GemmProblem, configs, rows):
-        by_key = {c.short(): c for c in configs}
+    def write(problem: GemmProblem, pairs, rows):
+        ids = {c.short(): kid for c, kid in pairs}
         for r in rows:
             if r["backend"] == "quack":
-                cls = signature_class(problem, by_key[r["config_key"]])
                 load_s = r.pop("load_s", None) or 0.0
                 if load_s > LOAD_COMPILED_S:
                     prog.cache_misses += 1
-                r["compile_s"] = compile_s.get(cls, load_s)
+                r["compile_s"] = compile_s.get(ids[r["config_key"]], load_s)
             prog.by_status[r["status"]] += 1
         dataset.append(out, rows)
         prog.measured += len(rows)
 
-    def failed_rows(p, cs, status, error):
+    def failed_rows(p, pairs, status, error):
         return [{**p.to_dict(), **c.to_dict(), "problem_key": p.key(), "suite": suites[p],
                  "backend": "quack", "config_key": c.short(), "status": status, "error": error,
-                 "timestamp": time.time(), "compile_s": compile_s.get(signature_class(p, c))}
-                for c in cs]
+                 "timestamp": time.time(), "compile_s": compile_s.get(kid)}
+                for c, kid in pairs]
+
+    def take(problem, pairs) -> None:
+        taken = {c for c, _ in pairs}
+        left = [x for x in pending[problem] if x[0] not in taken]
+        if left:
+            pending[problem] = left
+        else:
+            del pending[problem]
+
+    def next_task(current, compiling: bool) -> MeasureTask | None:
+        if retry:
+            return retry.pop()
+        ready = {p: [x for x in xs if x[1] in compile_s] for p, xs in pending.items()}
+        ready = {p: xs for p, xs in ready.items() if xs}
+        # Stay on the problem whose buffers the GPU worker holds while it has ready work,
+        # else the one with most ready configs; while kernels still compile, wait for a
+        # problem that is complete or has a full chunk rather than switching problems often.
+        full = [p for p, xs in ready.items() if len(xs) >= min(CHUNK, len(pending[p]))]
+        pick = current if current in ready else max(full or (ready if not compiling else []),
+                                                     key=lambda p: len(ready[p]), default=None)
+        if pick is None:
+            if need_cublas and not compiling:
+                p = need_cublas.pop()
+                return MeasureTask(p, suites[p], (), True, policy)
+            return None
+        chunk = ready[pick][:CHUNK]
+        take(pick, chunk)
+        cublas = pick in need_cublas
+        need_cublas.discard(pick)
+        return MeasureTask(pick, suites[pick], tuple(c for c, _ in chunk), cublas, policy)
 
     with IsolatedPool(compile_fn or _compile_task, n_compile, initializer=configure_gpu_blind,
                       initargs=(arch, cache_dir), timeout_s=300) as cpool, \
          IsolatedPool(measure_fn, 1, initializer=gpu_init, initargs=(cache_dir,),
                       timeout_s=600) as gpool:
-        for key in keys:
-            cpool.submit(kernels[key])
-        in_flight: dict[int, MeasureTask] = {}
+        for kernel in kernels:
+            cpool.submit(kernel)
+        in_flight: dict[int, tuple[MeasureTask, list]] = {}
         current = None
         while pending or need_cublas or in_flight or retry:
             over_budget = time.monotonic() - prog.started > time_budget_s
-            for r in cpool.poll(timeout=0.05 if gpool.outstanding else 0.5):
-                key = keys[r.index]
+            if over_budget and not in_flight:
+                break
+            failed_now = []
+            for r in cpool.poll(timeout=0.02 if in_flight else 0.2):
                 if r.status == "ok":
-                    compile_s[key] = r.value
+                    compile_s[r.index] = r.value
                     prog.compiled += 1
                 else:
-                    compile_err[key] = f"{r.status}: {r.error}"[:1000]
+                    compile_err[r.index] = f"{r.status}: {r.error}"[:1000]
                     prog.compile_failed += 1
+                    failed_now.append(r.index)
             # Configs whose kernel failed to compile are recorded without touching the GPU.
-            for p in list(pending):
-                bad = [c for c in pending[p] if signature_class(p, c) in compile_err]
+            for p in list(pending) if failed_now else ():
+                bad = [x for x in pending[p] if x[1] in compile_err]
                 if bad:
-                    write(p, bad, failed_rows(p, bad, "compile_error",
-                                      compile_err[signature_class(p, bad[0])]))
-                    pending[p] = [c for c in pending[p] if c not in bad]
-                if not pending[p]:
-                    del pending[p]
-            if not gpool.outstanding and not over_budget:
-                task = None
-                if retry:
-                    task = retry.pop()
-                else:
-                    ready = {p: [c for c in cs if signature_class(p, c) in compile_s]
-                             for p, cs in pending.items()}
-                    compiling = cpool.outstanding > 0
-                    # Stay on the problem whose buffers the GPU worker holds while it has
-                    # ready work; otherwise take the problem with the most ready configs.
-                    best = current if ready.get(current) else max(
-                        ready, key=lambda p: len(ready[p]), default=None)
-                    if best is not None and (ready[best] and (len(ready[best]) >= CHUNK
-                                                               or not compiling)):
-                        chunk = ready[best][:CHUNK]
-                        pending[best] = [c for c in pending[best] if c not in set(chunk)]
-                        if not pending[best]:
-                            del pending[best]
-                        task = MeasureTask(best, suites[best], tuple(chunk),
-                                           best in need_cublas, policy)
-                        current = best
-                        need_cublas.discard(best)
-                    elif need_cublas:
-                        p = need_cublas.pop()
-                        task = MeasureTask(p, suites[p], (), True, policy)
+                    take(p, bad)
+                    write(p, bad, failed_rows(p, bad, "compile_error", compile_err[bad[0][1]]))
+            if not in_flight and not over_budget:
+                task = next_task(current, cpool.outstanding > 0)
                 if task is not None:
-                    in_flight[gpool.submit(task)] = task
-            elif over_budget and not gpool.outstanding:
-                break
-            for r in gpool.poll(timeout=0.05):
-                task = in_flight.pop(r.index)
+                    current = task.problem
+                    pairs = [(c, kernel_ids[signature_class(task.problem, c)]) for c in task.configs]
+                    in_flight[gpool.submit(task)] = (task, pairs)
+            for r in gpool.poll(timeout=0.02):
+                task, pairs = in_flight.pop(r.index)
                 prog.gpu_busy_s += r.seconds
                 if r.status == "ok":
-                    write(task.problem, task.configs, r.value)
-                elif len(task.configs) > 1:  # isolate the culprit: retry one config at a time
+                    write(task.problem, pairs, r.value)
+                elif len(task.configs) > 1 or (task.configs and task.cublas):
+                    # Isolate the culprit: retry one config at a time.
                     retry += [MeasureTask(task.problem, task.suite, (c,), False, task.policy)
                               for c in task.configs]
                     if task.cublas:
                         retry.append(MeasureTask(task.problem, task.suite, (), True, task.policy))
-                else:
+                elif task.configs:
                     status = {"crash": "crash", "timeout": "timeout"}.get(r.status, "runtime_error")
-                    if task.configs:
-                        write(task.problem, task.configs,
-                              failed_rows(task.problem, task.configs, status, r.error))
+                    write(task.problem, pairs, failed_rows(task.problem, pairs, status, r.error))
             if time.monotonic() - prog.last_print > 10:
                 prog.last_print = time.monotonic()
-                left = sum(map(len, pending.values()))
-                print(prog.line(left, cpool.outstanding), file=sys.stderr, flush=True)
+                print(prog.line(sum(map(len, pending.values())), cpool.outstanding),
+                      file=sys.stderr, flush=True)
     elapsed = time.monotonic() - prog.started
     stats = {
         "elapsed_s": elapsed, "measured": prog.measured, "by_status": dict(prog.by_status),

@@ -160,9 +160,9 @@ def _time(fn, buf: ProblemBuffers, policy: TimingPolicy) -> tuple[list[float], f
     reps = int(min(policy.max_reps, max(policy.min_reps, policy.target_ms / est)))
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(reps)]
-    # Twice the host's launch time per repeat, counted at the top SM clock (2 GHz): a slower
+    # 1.5x the host's launch time per repeat, counted at the top SM clock (2 GHz): a slower
     # clock only sleeps longer, which is safe.
-    torch.cuda._sleep(int(reps * (host_s + 10e-6) * 2 * 2e9))
+    torch.cuda._sleep(int(reps * (host_s + 10e-6) * 1.5 * 2e9))
     for i, (s, e) in enumerate(events):
         s.record()
         fn(*buf.sets[(policy.warmup + 1 + i) % buf.n_sets])
