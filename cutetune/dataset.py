@@ -64,9 +64,8 @@ class DatasetError(RuntimeError):
     """A dataset folder or part that cannot be read as a cutetune dataset."""
 
 
-def record_key(row: dict) -> tuple:
-    """What makes a measurement unique within a run: problem, backend and config."""
-    return (row["problem_key"], row["backend"], row["config_key"])
+# What makes a measurement unique in a dataset: problem, backend and config.
+KEY_COLUMNS = ("problem_key", "backend", "config_key")
 
 
 def append(path: str | os.PathLike, rows: list[dict]) -> Path | None:
@@ -116,12 +115,37 @@ def load(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
                 raise DatasetError(f"dataset part {f} has schema version {sorted(versions)}; "
                                    f"this cutetune reads version {SCHEMA_VERSION}")
         tables.append(t.cast(pa.schema([SCHEMA.field(n) for n in t.column_names])))
-    return pa.concat_tables(tables)
+    table = pa.concat_tables(tables)
+    if columns is None or set(KEY_COLUMNS) <= set(columns):
+        # A compaction killed between its rename and its deletes leaves rows twice: keep one.
+        keys = zip(*(table.column(c).to_pylist() for c in KEY_COLUMNS))
+        seen, keep = set(), []
+        for i, key in enumerate(keys):
+            if key not in seen:
+                seen.add(key)
+                keep.append(i)
+        if len(keep) < len(table):
+            table = table.take(keep)
+    return table
+
+
+def compact(path: str | os.PathLike) -> Path:
+    """Rewrite every part of a dataset as one part (fewer files, better compression)."""
+    old = parts(path)
+    table = load(path)
+    folder = Path(path)
+    name = f"part-{0:06d}-{uuid.uuid4().hex[:8]}.parquet"
+    tmp = folder / f".{name}.tmp"
+    pq.write_table(table, tmp, compression="zstd", compression_level=9)
+    os.replace(tmp, folder / name)
+    for f in old:
+        f.unlink()
+    return folder / name
 
 
 def done_keys(path: str | os.PathLike) -> set[tuple]:
     """Keys already measured (any status), so a resumed run skips them."""
     if not parts(path):
         return set()
-    t = load(path, columns=["problem_key", "backend", "config_key"])
-    return set(zip(*(t.column(c).to_pylist() for c in ("problem_key", "backend", "config_key"))))
+    t = load(path, columns=list(KEY_COLUMNS))
+    return set(zip(*(t.column(c).to_pylist() for c in KEY_COLUMNS)))

@@ -82,6 +82,7 @@ class Progress:
     measured: int = 0
     by_status: dict = field(default_factory=lambda: defaultdict(int))
     cache_misses: int = 0
+    compile_wall_s: float = 0.0  # when the last kernel finished compiling
     gpu_busy_s: float = 0.0
     last_print: float = 0.0
 
@@ -205,6 +206,7 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
                 break
             failed_now = []
             for r in cpool.poll(timeout=0.02 if in_flight else 0.2):
+                prog.compile_wall_s = time.monotonic() - prog.started
                 if r.status == "ok":
                     compile_s[r.index] = r.value
                     prog.compiled += 1
@@ -247,6 +249,7 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
         "elapsed_s": elapsed, "measured": prog.measured, "by_status": dict(prog.by_status),
         "kernels_compiled": prog.compiled, "kernels_failed": prog.compile_failed,
         "compile_workers": n_compile, "compile_cpu_s": sum(compile_s.values()),
+        "compile_wall_s": prog.compile_wall_s,
         "measurements_per_min": prog.measured / elapsed * 60,
         "kernels_compiled_per_min": prog.compiled / elapsed * 60,
         "gpu_busy_fraction": prog.gpu_busy_s / elapsed, "cache_misses": prog.cache_misses,

@@ -1,0 +1,179 @@
+"""Report on a measured dataset: counts, failures, timing noise, best config vs cuBLAS.
+
+    python scripts/dataset_report.py --data data/h200_bf16 --repeat data/h200_bf16_repeat \
+        --stats data/reports/collect_stats --out data/reports/dataset_h200_bf16
+
+Writes OUT.md, OUT.json and OUT.png (best-config speedup over cuBLAS against M).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from cutetune import dataset
+from cutetune.space import enumerate_configs
+from cutetune.space.problem import GemmProblem
+
+M_BUCKETS = ((1, 64), (65, 512), (513, 4096), (4097, 1 << 40))
+
+
+def bucket(m: int) -> str:
+    lo, hi = next(b for b in M_BUCKETS if b[0] <= m <= b[1])
+    return f"{lo}-{hi}" if hi < 1 << 40 else f">{lo - 1}"
+
+
+def geomean(x) -> float:
+    return float(np.exp(np.mean(np.log(x)))) if len(x) else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default="data/h200_bf16")
+    ap.add_argument("--repeat", default="data/h200_bf16_repeat")
+    ap.add_argument("--stats", default="data/reports/collect_stats")
+    ap.add_argument("--out", default="data/reports/dataset_h200_bf16")
+    args = ap.parse_args()
+    rows = dataset.load(args.data).to_pylist()
+    quack = [r for r in rows if r["backend"] == "quack"]
+    cublas = {r["problem_key"]: r for r in rows if r["backend"] == "cublas" and r["status"] == "ok"}
+    problems = {}
+    for r in quack:
+        problems.setdefault(r["problem_key"], []).append(r)
+    n_valid = {}
+    for key, rs in problems.items():
+        r = rs[0]
+        p = GemmProblem(*(r[c] for c in ("m", "n", "k", "batch", "dtype", "out_dtype", "a_major",
+                                          "b_major", "arch")))
+        n_valid[key] = len(enumerate_configs(p.arch, p))
+    exhaustive = [k for k, rs in problems.items() if len(rs) >= n_valid[k]]
+    sampled = [k for k, rs in problems.items() if len(rs) >= 150]
+    status = {}
+    for r in rows:
+        status[r["status"]] = status.get(r["status"], 0) + 1
+    failures = {}
+    for r in rows:
+        if r["status"] != "ok":
+            kind = (r["error"] or "").split(":")[0][:60]
+            failures.setdefault(r["status"], {}).setdefault(kind, 0)
+            failures[r["status"]][kind] += 1
+
+    # Best config vs cuBLAS, per problem with at least 150 measured configs.
+    speed = []
+    for key in sampled:
+        ok = [r["time_ms"] for r in problems[key] if r["status"] == "ok"]
+        if ok and key in cublas:
+            speed.append((problems[key][0]["m"], cublas[key]["time_ms"] / min(ok), key in exhaustive))
+    by_bucket = {}
+    for m, s, _ in speed:
+        by_bucket.setdefault(bucket(m), []).append(s)
+    speed_table = {b: {"problems": len(v), "geomean": geomean(v), "min": min(v), "max": max(v),
+                       "share_faster": float(np.mean(np.array(v) > 1))}
+                   for b, v in sorted(by_bucket.items(), key=lambda kv: int(kv[0].strip(">").split("-")[0]))}
+
+    # Timing noise: the same (problem, config) measured twice, minutes apart.
+    noise = {}
+    if args.repeat and Path(args.repeat).exists():
+        first = {dataset_key(r): r["time_ms"] for r in rows if r["status"] == "ok"}
+        diffs = [abs(r["time_ms"] - first[dataset_key(r)]) / first[dataset_key(r)]
+                 for r in dataset.load(args.repeat).to_pylist()
+                 if r["status"] == "ok" and dataset_key(r) in first]
+        if diffs:
+            noise = {"pairs": len(diffs), "median_rel_diff": float(np.median(diffs)),
+                     "p90_rel_diff": float(np.quantile(diffs, 0.9)), "max_rel_diff": float(max(diffs))}
+    ok_rows = [r for r in rows if r["status"] == "ok"]
+    spread = np.array([(r["time_ms_p80"] - r["time_ms_p20"]) / r["time_ms"] for r in ok_rows])
+    stats = {p.stem: json.loads(p.read_text()) for p in sorted(Path(args.stats).glob("*.json"))} \
+        if Path(args.stats).exists() else {}
+    report = {
+        "rows": len(rows), "problems": len(problems), "cublas_baselines": len(cublas),
+        "problems_with_150_configs": len(sampled), "exhaustive_problems": len(exhaustive),
+        "status": status, "failures": failures,
+        "within_measurement_spread_p80_p20_over_median": {
+            "median": float(np.median(spread)), "p90": float(np.quantile(spread, 0.9))},
+        "repeat_noise": noise, "best_over_cublas_by_m": speed_table,
+        "best_over_cublas_geomean": geomean([s for _, s, _ in speed]),
+        "collect_stats": stats,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    write_markdown(out.with_suffix(".md"), report, args)
+    plot(out.with_suffix(".png"), speed)
+    print(out.with_suffix(".md").read_text())
+
+
+def dataset_key(r: dict) -> tuple:
+    return tuple(r[c] for c in dataset.KEY_COLUMNS)
+
+
+def write_markdown(path: Path, rep: dict, args) -> None:
+    lines = [
+        f"# Dataset report: `{args.data}`",
+        "",
+        f"Made by `python scripts/dataset_report.py --data {args.data} --repeat {args.repeat} "
+        f"--stats {args.stats} --out {args.out}`.",
+        "",
+        "## Counts",
+        f"- rows: {rep['rows']}; problems: {rep['problems']}; cuBLAS baselines: {rep['cublas_baselines']}",
+        f"- problems with >= 150 measured configs: {rep['problems_with_150_configs']}",
+        f"- problems with every valid config measured (exhaustive): {rep['exhaustive_problems']}",
+        f"- status: {rep['status']}",
+        f"- failures by kind: {rep['failures'] or 'none'}",
+        "",
+        "## Timing noise",
+        f"- spread within a measurement, (p80 - p20) / median: median "
+        f"{rep['within_measurement_spread_p80_p20_over_median']['median']:.4f}, p90 "
+        f"{rep['within_measurement_spread_p80_p20_over_median']['p90']:.4f}",
+    ]
+    n = rep["repeat_noise"]
+    if n:
+        lines.append(f"- same (problem, config) measured again in a later run ({n['pairs']} pairs): "
+                     f"median relative difference {n['median_rel_diff']:.4f}, p90 "
+                     f"{n['p90_rel_diff']:.4f}, max {n['max_rel_diff']:.4f}")
+    lines += ["", "## Best measured config vs cuBLAS (torch.mm), by M",
+              f"Geomean over all problems: {rep['best_over_cublas_geomean']:.3f}x "
+              "(>1: the best CuteDSL config is faster).", "",
+              "| M | problems | geomean | min | max | share faster |", "|---|---|---|---|---|---|"]
+    for b, v in rep["best_over_cublas_by_m"].items():
+        lines.append(f"| {b} | {v['problems']} | {v['geomean']:.3f} | {v['min']:.3f} | "
+                     f"{v['max']:.3f} | {v['share_faster']:.2f} |")
+    if rep["collect_stats"]:
+        lines += ["", "## Collection throughput (H200 host, 16 cores)", "",
+                  "| run | measured | per min | kernels compiled | compiled per min | GPU busy |",
+                  "|---|---|---|---|---|---|"]
+        for name, s in rep["collect_stats"].items():
+            lines.append(f"| {name} | {s['measured']} | {s['measurements_per_min']:.0f} | "
+                         f"{s['kernels_compiled']} | {s['kernels_compiled_per_min']:.0f} | "
+                         f"{s['gpu_busy_fraction']:.2f} |")
+    lines += ["", "![best over cuBLAS](" + path.with_suffix(".png").name + ")", ""]
+    path.write_text("\n".join(lines))
+
+
+def plot(path: Path, speed) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for exh, color, label in ((False, "tab:blue", ">=150 sampled configs"),
+                              (True, "tab:red", "exhaustive")):
+        pts = [(m, s) for m, s, e in speed if e == exh]
+        if pts:
+            ax.scatter(*zip(*pts), s=12, c=color, label=label, alpha=0.7)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M")
+    ax.set_ylabel("cuBLAS time / best CuteDSL time")
+    ax.set_title("H200 bf16: best measured quack config vs torch.mm")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
