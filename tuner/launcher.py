@@ -76,7 +76,8 @@ def gemm_problem(a_size, a_stride, b_size, b_stride, dtype: torch.dtype, out_dty
 def check_out(size, stride, dtype: torch.dtype) -> None:
     """quack writes D row-major (N contiguous) with TMA-aligned row and batch strides."""
     align = TMA_ALIGN_BYTES // dtype.itemsize
-    if stride[-1] != 1 or stride[-2] % align or (len(size) == 3 and size[0] > 1 and stride[0] % align):
+    batch_misaligned = len(size) == 3 and size[0] > 1 and stride[0] % align
+    if stride[-1] != 1 or stride[-2] % align or batch_misaligned:
         raise ProblemError(f"output strides {tuple(stride)} are not row-major with "
                            f"{TMA_ALIGN_BYTES}-byte aligned leading strides")
 
@@ -141,25 +142,37 @@ _ATEN = _Plan(None)
 _plans: dict[tuple, _Plan] = {}
 
 
-def _build_plan(a, b, out, config: KernelConfig, c, beta) -> _Plan:
+def unsupported_reason(a, b, out, config, c=None, beta: float = 1.0) -> str | None:
+    """Why quack cannot run this call of ``quack_mm_out`` (from metadata: base pointers are
+    checked on each call), or None when it can."""
+    config = as_config(config)
     arch = device_arch(a.device)
     try:
         if b.device != a.device or out.device != a.device:
             raise ProblemError("operands are on different devices")
         problem = gemm_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype, out.dtype, arch)
         check_out(out.shape, out.stride(), out.dtype)
-        addend = None
         if c is not None:
-            addend = addend_kind(c.shape, c.stride(), c.dtype, out.dtype, problem.m, problem.n,
-                                 beta)
+            if a.dim() != 2:
+                raise ProblemError("an addend is for addmm (2D operands) only")
+            addend_kind(c.shape, c.stride(), c.dtype, out.dtype, problem.m, problem.n, beta)
         bad = violations(config, arch, problem)
         if bad:
             raise ProblemError(f"config {config.short()} breaks rule(s) "
                                f"{', '.join(r.name for r in bad)} on {arch}")
     except ProblemError as e:
-        log.info("cutetune: ATen for %s @ %s (%s)", tuple(a.shape), tuple(b.shape), e)
+        return str(e)
+    return None
+
+
+def _build_plan(a, b, out, config: KernelConfig, c, beta) -> _Plan:
+    reason = unsupported_reason(a, b, out, config, c, beta)
+    if reason is not None:
+        log.info("cutetune: ATen for %s @ %s (%s)", tuple(a.shape), tuple(b.shape), reason)
         return _ATEN
-    return _Plan(config, arch, addend)
+    addend = None if c is None else addend_kind(c.shape, c.stride(), c.dtype, out.dtype,
+                                                a.shape[0], b.shape[1], beta)
+    return _Plan(config, device_arch(a.device), addend)
 
 
 def _aligned(*tensors) -> bool:
@@ -173,26 +186,42 @@ def _aten(a, b, out, c, alpha, beta):
     return out if alpha == 1 else out.mul_(alpha)
 
 
-def _launch(plan: _Plan, a, b, out, c, alpha, beta) -> None:
+@lru_cache(maxsize=None)
+def _quack():
+    """quack's entry point and constants, imported on first launch (quack takes seconds to
+    import; nothing else here needs it)."""
     from quack.gemm_config import SplitKMode
     from quack.gemm_interface import _gemm_execute
     from quack.rounding import RoundingMode
 
+    return _gemm_execute, SplitKMode.SERIAL, RoundingMode.RN
+
+
+def _launch(plan: _Plan, a, b, out, c, alpha, beta) -> None:
+    execute, serial, rn = _quack()
     cfg = plan.config
     bias = C = None
     if plan.addend == "bias":
         bias = c if c.dim() == 1 else c.select(0, 0)
     elif plan.addend == "c":
         C = c
-    plan.dispatch = _gemm_execute(
+    plan.dispatch = execute(
         a, b, out, C,
         bias=bias, alpha=float(alpha), beta=float(beta) if C is not None else 1.0,
         cu_seqlens_m=None, cu_seqlens_k=None, A_idx=None, batch_idx_permute=None,
         add_to_output=False, dynamic_scheduler=cfg.is_dynamic_persistent,
-        config=plan.quack_config, rounding_mode=RoundingMode.RN, sr_seed=0, concat_layout=None,
-        SFA=None, SFB=None, split_k=cfg.split_k, split_k_mode=SplitKMode.SERIAL,
+        config=plan.quack_config, rounding_mode=rn, sr_seed=0, concat_layout=None,
+        SFA=None, SFB=None, split_k=cfg.split_k, split_k_mode=serial,
         dispatch_plan=plan.dispatch,
     )
+
+
+def quack_kernel(config: KernelConfig, arch: str):
+    """``fn(a, b, out)``: the bare quack launch for one config, with no support checks and no
+    ATen fallback. The measurement harness times exactly this; ``quack_mm_out`` runs it once a
+    call is known to be supported."""
+    plan = _Plan(config, arch)
+    return lambda a, b, out: _launch(plan, a, b, out, None, 1.0, 1.0)
 
 
 def quack_mm_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config,

@@ -206,7 +206,7 @@ def measure(task: MeasureTask) -> list[dict]:
     """Worker entry point: one row per config (and one for cuBLAS when asked)."""
     import torch
 
-    from .quack_gemm import QuackGemm
+    from .launcher import quack_kernel
 
     buf = _buffers(task.problem)
     rows = []
@@ -216,7 +216,7 @@ def measure(task: MeasureTask) -> list[dict]:
     for config in task.configs:
         t0 = time.perf_counter()
         try:
-            gemm = QuackGemm(config, task.problem.arch)
+            gemm = quack_kernel(config, task.problem.arch)
             gemm(*buf.sets[0])  # loads the kernel from quack's cache (or compiles it)
             torch.cuda.synchronize()
         except Exception as e:
