@@ -89,23 +89,24 @@ class CostModel:
         self._check(problem)
         table, mask = self._table(problem, configs)
         X = table.features(problem, self.device, mask)
-        chosen = table.configs if mask is None else [c for c, ok in zip(table.configs, mask) if ok]
         score = self.ranker.predict(X)
         order = np.argsort(score, kind="stable")[:top_k]
         log_ms = score[order] if self.timer is self.ranker else self.timer.predict(X[order])
-        return [(chosen[i], float(np.exp(t))) for i, t in zip(order, log_ms)]
+        rows = order if mask is None else np.flatnonzero(mask)[order]
+        return list(zip(map(table.configs.__getitem__, rows.tolist()), np.exp(log_ms).tolist()))
 
-    def cublas_margin(self, problem: GemmProblem) -> float:
-        """The fallback's quantile of log(t_top1 / t_cuBLAS): below 0 means the model is that
-        confident its top-1 beats cuBLAS."""
+    def cublas_margin(self, problem: GemmProblem, configs=None) -> float:
+        """The fallback's quantile of log(t_top1 / t_cuBLAS), top-1 among ``configs`` (None:
+        the valid space): below 0 means the model is that confident its pick beats cuBLAS."""
         if self.fallback is None:
             raise ModelError("this cost model was trained without cuBLAS timings: no fallback")
-        (_, ms), = self.rank(problem, top_k=1)
+        (_, ms), = self.rank(problem, configs, top_k=1)
         x = fallback_inputs(problem_descriptors([problem], self.device), np.log([ms]))
         return float(self.fallback.predict(x)[0])
 
-    def prefers_cublas(self, problem: GemmProblem) -> bool:
-        return self.cublas_margin(problem) > 0.0
+    def prefers_cublas(self, problem: GemmProblem, configs=None) -> bool:
+        """Whether predicted mode should run cuBLAS instead of the model's top-1."""
+        return self.cublas_margin(problem, configs) > 0.0
 
     # ------------------------------------------------------------ file format
     def to_dict(self) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,9 +19,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cutetune.dataset import CONFIG_COLUMNS, PROBLEM_COLUMNS, DatasetError, load, parts
+from cutetune.space.enumerate import enumerate_configs
 from cutetune.space.problem import GemmProblem
 
 ROW_COLUMNS = PROBLEM_COLUMNS + CONFIG_COLUMNS
+SWEEP_SUFFIX = "_exhaustive"  # space.suites names full sweeps of a family "<family>_exhaustive"
+
+
+def family_of(suite: str) -> str:
+    """The model family of a suite: a full sweep of a family's layers is still that family, so
+    holding a family out must hold out its sweep too."""
+    return suite.removesuffix(SWEEP_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -28,8 +37,9 @@ class Measurements:
     """ok quack rows (sorted by problem) and per-problem facts.
 
     cols: problem and config columns of each row, as numpy arrays (what the feature pipeline
-    reads). group: problem index of each row. problems/suites/cublas_ms: one entry per problem;
-    cublas_ms is nan where the baseline was not measured ok.
+    reads). group: problem index of each row. problems/suites/cublas_ms/swept: one entry per
+    problem; cublas_ms is nan where the baseline was not measured ok; swept is True where every
+    valid config of the problem was measured (ok or not), so its best is the space's best.
     """
 
     cols: dict[str, np.ndarray]
@@ -38,12 +48,17 @@ class Measurements:
     problems: tuple[GemmProblem, ...]
     suites: np.ndarray
     cublas_ms: np.ndarray
+    swept: np.ndarray
     device_name: str
     failed_rows: int = 0
 
     @property
     def n_problems(self) -> int:
         return len(self.problems)
+
+    @property
+    def families(self) -> np.ndarray:
+        return np.array([family_of(s) for s in self.suites], dtype=object)
 
     @property
     def m(self) -> np.ndarray:
@@ -63,7 +78,7 @@ class Measurements:
             cols={k: v[rows] for k, v in self.cols.items()}, time_ms=self.time_ms[rows],
             group=renum[self.group[rows]], problems=tuple(self.problems[i] for i in problem_idx),
             suites=self.suites[problem_idx], cublas_ms=self.cublas_ms[problem_idx],
-            device_name=self.device_name, failed_rows=0)
+            swept=self.swept[problem_idx], device_name=self.device_name, failed_rows=0)
 
 
 def _numpy(table: pa.Table, name: str) -> np.ndarray:
@@ -114,8 +129,14 @@ def from_table(table: pa.Table) -> Measurements:
 
     cub = dict(zip(_numpy(cublas, "problem_key"), _numpy(cublas, "time_ms").astype(float)))
     cublas_ms = np.array([cub.get(k, np.nan) for k in problem_keys])
+    tried = table.filter(pc.equal(table.column("backend"), "quack"))
+    n_tried = Counter(k for k, _ in set(zip(_numpy(tried, "problem_key").tolist(),
+                                            _numpy(tried, "config_key").tolist())))
+    swept = np.array([n_tried.get(k, 0) >= len(enumerate_configs(p.arch, p))
+                      for k, p in zip(problem_keys, problems)])
     return Measurements(cols=cols, time_ms=med, group=group, problems=problems, suites=suites,
-                        cublas_ms=cublas_ms, device_name=devices[0], failed_rows=failed.num_rows)
+                        cublas_ms=cublas_ms, swept=swept, device_name=devices[0],
+                        failed_rows=failed.num_rows)
 
 
 def load_measurements(path: str | os.PathLike) -> Measurements:

@@ -35,10 +35,12 @@ def config_distance(cols: Mapping[str, np.ndarray], c: KernelConfig) -> np.ndarr
             + SWIZZLE_COST * (np.asarray(cols["max_swizzle_size"]) != c.max_swizzle_size))
 
 
-def nearest(configs, c: KernelConfig) -> KernelConfig:
-    """The config of ``configs`` closest to ``c`` (first one on ties)."""
+def map_onto(configs, picks: list[KernelConfig]) -> list[KernelConfig]:
+    """Each pick as itself when in ``configs``, else as its nearest config there; in pick
+    order, without duplicates."""
     configs = list(configs)
-    return configs[int(np.argmin(config_distance(config_columns(configs), c)))]
+    cols = config_columns(configs)
+    return list(dict.fromkeys(configs[int(np.argmin(config_distance(cols, c)))] for c in picks))
 
 
 def rank_by_picks(cols: Mapping[str, np.ndarray], picks: list[KernelConfig]) -> np.ndarray:
@@ -65,12 +67,10 @@ def quack_sm90_list() -> tuple[KernelConfig, ...]:
     from quack.gemm_config import _get_sm90_configs
 
     space = enumerate_configs("sm90")
-    mapped = []
-    for q in _get_sm90_configs():
-        ours = KernelConfig(q.tile_m, q.tile_n, q.pingpong, q.cluster_m, q.cluster_n, q.swap_ab,
-                            q.max_swizzle_size, q.split_k, q.is_dynamic_persistent)
-        mapped.append(ours if ours in space else nearest(space, ours))
-    return tuple(dict.fromkeys(mapped))
+    return tuple(map_onto(space, [
+        KernelConfig(q.tile_m, q.tile_n, q.pingpong, q.cluster_m, q.cluster_n, q.swap_ab,
+                     q.max_swizzle_size, q.split_k, q.is_dynamic_persistent)
+        for q in _get_sm90_configs()]))
 
 
 def in_configs(cols: Mapping[str, np.ndarray], configs) -> np.ndarray:
@@ -133,3 +133,9 @@ def nvmmh_picks(problem: GemmProblem, count: int = NVMMH_COUNT) -> list[KernelCo
                 max(1, g.split_k), problem.arch == "sm100")))
     found.sort(key=lambda t: t[0])
     return list(dict.fromkeys(c for _, c in found))
+
+
+@lru_cache(maxsize=4096)
+def nvmmh_valid_picks(problem: GemmProblem) -> list[KernelConfig]:
+    """nvmmh_picks mapped onto the problem's valid configs (nearest valid config)."""
+    return map_onto(enumerate_configs(problem.arch, problem), nvmmh_picks(problem))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import xgboost as xgb
 from sklearn.ensemble import HistGradientBoostingRegressor
+from threadpoolctl import threadpool_limits
 
 from .evaluate import group_offsets, relevance
 from .features import ROOFLINE_IDX
@@ -40,14 +41,16 @@ def best_per_row(time_ms: np.ndarray, group: np.ndarray) -> np.ndarray:
 @dataclass
 class BoosterModel:
     objective: str = "regression"
-    n_estimators: int = 400
-    max_depth: int = 8
-    learning_rate: float = 0.08
+    # Sized for the rank budget: all ~2400 sm90 configs of a problem, features included, in
+    # < 10 ms on one CPU core (scripts/bench_rank.py); prediction cost is trees x depth.
+    n_estimators: int = 300
+    max_depth: int = 6
+    learning_rate: float = 0.1
     subsample: float = 0.8
     colsample_bytree: float = 0.8
     min_child_weight: float = 2.0
     seed: int = 0
-    n_threads: int = 2
+    n_threads: int = 1
     booster: xgb.Booster | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -102,7 +105,9 @@ class BoosterModel:
         model = cls(**d["params"])
         booster = xgb.Booster()
         booster.load_model(bytearray(base64.b64decode(d["booster_ubj_base64"], validate=True)))
-        booster.set_param({"nthread": model.n_threads})
+        # One thread to predict: a query is ~2400 rows, too few to pay for a thread team, and
+        # the tuner predicts while its compile workers hold the other cores.
+        booster.set_param({"nthread": 1})
         model.booster = booster
         return model
 
@@ -114,12 +119,16 @@ class HGBModel:
     max_iter: int = 300
     learning_rate: float = 0.1
     seed: int = 0
+    n_threads: int = 1
     model: HistGradientBoostingRegressor | None = field(default=None, repr=False)
 
     def fit(self, X: np.ndarray, time_ms: np.ndarray, group: np.ndarray) -> "HGBModel":
-        self.model = HistGradientBoostingRegressor(
-            max_iter=self.max_iter, learning_rate=self.learning_rate, random_state=self.seed,
-            early_stopping=False).fit(X, np.log(time_ms))
+        # scikit-learn takes every core through OpenMP; on a shared 2-core machine spinning
+        # thread teams cost more than they give, so the thread count is explicit.
+        with threadpool_limits(self.n_threads, user_api="openmp"):
+            self.model = HistGradientBoostingRegressor(
+                max_iter=self.max_iter, learning_rate=self.learning_rate, random_state=self.seed,
+                early_stopping=False).fit(X, np.log(time_ms))
         return self
 
     def predict(self, X: np.ndarray) -> np.ndarray:

@@ -18,7 +18,8 @@ from cutetune.space.config import quack_default_config
 from .data import Measurements
 from .evaluate import group_offsets
 from .features import ROOFLINE_IDX
-from .heuristics import config_distance, in_configs, nvmmh_picks, quack_sm90_list, rank_by_picks
+from .heuristics import (config_distance, in_configs, nvmmh_valid_picks, quack_sm90_list,
+                         rank_by_picks)
 from .learners import OBJECTIVES, BoosterModel, HGBModel
 
 
@@ -46,15 +47,17 @@ def learned(name: str, description: str, make) -> Method:
 
 def _per_problem(data: Measurements, fn) -> np.ndarray:
     """Concatenate ``fn(problem, row_slice)`` over the problems of ``data``."""
+    return np.concatenate([fn(p, r) for p, r in zip(data.problems, _slices(data))])
+
+
+def _slices(data: Measurements) -> list[slice]:
     off = group_offsets(data.group)
-    return np.concatenate([fn(p, slice(off[i], off[i + 1])) for i, p in enumerate(data.problems)])
+    return [slice(off[i], off[i + 1]) for i in range(data.n_problems)]
 
 
 def _any_per_problem(data: Measurements, fn) -> np.ndarray:
     """Per problem: does ``fn(problem, row_slice)`` (a row mask) hold for any of its rows?"""
-    off = group_offsets(data.group)
-    return np.array([bool(fn(p, slice(off[i], off[i + 1])).any())
-                     for i, p in enumerate(data.problems)])
+    return np.array([bool(fn(p, r).any()) for p, r in zip(data.problems, _slices(data))])
 
 
 def _cols(data: Measurements, rows: slice) -> dict:
@@ -63,13 +66,16 @@ def _cols(data: Measurements, rows: slice) -> dict:
 
 def nvmmh_method() -> Method:
     def score(data, X):
-        return _per_problem(data, lambda p, r: rank_by_picks(_cols(data, r), nvmmh_picks(p)))
+        return _per_problem(data, lambda p, r: rank_by_picks(_cols(data, r),
+                                                             nvmmh_valid_picks(p)))
 
     def coverage(data):
-        return _any_per_problem(data, lambda p, r: in_configs(_cols(data, r), nvmmh_picks(p)[:1]))
+        return _any_per_problem(data, lambda p, r: in_configs(_cols(data, r),
+                                                              nvmmh_valid_picks(p)[:1]))
 
-    return Method("nvmmh", "nvMatmulHeuristics picks (both orientations, by its runtime "
-                  "estimate), nearest measured config", score, coverage=coverage)
+    return Method("nvmmh", "nvMatmulHeuristics picks (H200 model, both orientations, by its "
+                  "runtime estimate) mapped to the nearest valid config, then to the nearest "
+                  "measured one", score, coverage=coverage)
 
 
 def quack_default_method(arch: str) -> Method:
@@ -82,8 +88,9 @@ def quack_default_method(arch: str) -> Method:
 
 
 def quack_autotune_method() -> Method:
-    """quack's autotuner over its sm90 list: the fastest measured config of that list. It
-    needs the list measured per problem; problems with none of it measured get no pick."""
+    """quack's autotuner over its sm90 list: the fastest measured config of that list. Exact
+    only where the whole list was measured (its coverage); elsewhere it is the best of the part
+    measured, or, with none of it measured, an arbitrary row."""
     configs = quack_sm90_list()
 
     def score(data, X):
@@ -91,14 +98,16 @@ def quack_autotune_method() -> Method:
 
     return Method("quack_autotune", f"best measured of quack's {len(configs)}-config sm90 "
                   "autotune list (an oracle over measurements: costs that many benchmarks)",
-                  score, ranks=False, coverage=lambda data: _any_per_problem(
-                      data, lambda p, r: in_configs(_cols(data, r), configs)))
+                  score, ranks=False, coverage=lambda data: np.array(
+                      [in_configs(_cols(data, r), configs).sum() >= len(configs)
+                       for r in _slices(data)]))
 
 
-def baseline_methods(arch: str, seed: int = 0) -> list[Method]:
+def baseline_methods(arch: str, seed: int = 0, n_estimators: int = 300,
+                     n_threads: int = 1) -> list[Method]:
     methods = [
         learned("sklearn_hgb", "scikit-learn HistGradientBoosting on log time",
-                lambda: HGBModel(seed=seed)),
+                lambda: HGBModel(max_iter=n_estimators, seed=seed, n_threads=n_threads)),
         Method("roofline", "analytic roofline time of the config (space.features roofline_s)",
                lambda data, X: X[:, ROOFLINE_IDX].astype(float)),
         nvmmh_method(),

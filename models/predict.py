@@ -48,7 +48,7 @@ def _run(args: argparse.Namespace) -> int:
     configs = read_configs(args.configs) if args.configs else None
     ranked = model.rank(problem, configs, args.top_k)
     try:
-        margin = model.cublas_margin(problem)
+        margin = model.cublas_margin(problem, configs)
     except ModelError:
         margin = None  # a model trained without cuBLAS timings has no fallback
     if args.json:

@@ -3,7 +3,7 @@ the shipped model on all problems and write it with the evaluation report.
 
 Held-out evaluation: problem-grouped K-fold CV for every method, and leave-one-family-out
 (family = the dataset's suite) for the learned models and the heuristics. The XGBoost
-objective with the best held-out top-1 efficiency is the one shipped. The cuBLAS fallback is
+objective with the best held-out top-1 efficiency is the one shipped (see _choose). The cuBLAS fallback is
 fit on the shipped model's out-of-fold picks (see fallback.py) and judged by a second K-fold
 over problems on those picks.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cutetune.dataset import DatasetError
 from cutetune.space.device import device_for
 
 from .artifact import CostModel
@@ -29,18 +30,20 @@ from .learners import BoosterModel
 from .methods import XGB_NAMES, baseline_methods, xgb_methods
 
 FALLBACK_QUANTILES = (0.5, 0.75, 0.9)
+RANKER_MARGIN = 0.005
 
 
 @dataclass(frozen=True)
 class TrainOptions:
     folds: int = 5
     seed: int = 0
-    n_estimators: int = 400
-    max_depth: int = 8
+    n_estimators: int = BoosterModel.n_estimators
+    max_depth: int = BoosterModel.max_depth
     objectives: tuple[str, ...] = ("regression", "rank:pairwise", "rank:ndcg")
     baselines: bool = True
     family_out: bool = True
     fallback_quantile: float = 0.75
+    threads: int = 1  # per fit; more only pays on an otherwise idle machine
 
 
 @dataclass
@@ -54,6 +57,7 @@ class Evaluation:
     rows: int
     failed_rows: int
     families: dict[str, int]
+    swept: np.ndarray  # per problem: every valid config measured
     chosen: str
     cv: dict[str, HeldOut]
     cv_summary: dict[str, dict[str, dict[str, float]]]
@@ -79,26 +83,31 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
         raise ValueError(f"{data.n_problems} problems cannot fill {options.folds} CV folds")
     device = device_for(data.device_name)
     X = dataset_features(data, device)
-    params = {"n_estimators": options.n_estimators, "max_depth": options.max_depth}
+    params = {"n_estimators": options.n_estimators, "max_depth": options.max_depth,
+              "n_threads": options.threads}
     learned = xgb_methods(options.objectives, options.seed, **params)
-    baselines = baseline_methods(arch, options.seed) if options.baselines else []
+    baselines = baseline_methods(arch, options.seed, options.n_estimators,
+                                 options.threads) if options.baselines else []
 
     splits = group_kfold(data.n_problems, options.folds, options.seed)
     cv = {m.name: held_out_scores(data, X, m, splits, options.seed) for m in learned + baselines}
-    chosen = max((m.name for m in learned),
-                 key=lambda n: (summarize(cv[n].problems)["top1_geomean"],
-                                summarize(cv[n].problems)["top5_geomean"]))
+    chosen = _choose(cv, [m.name for m in learned])
     ev = Evaluation(arch, dtype, device.name, data.n_problems, len(data.time_ms), data.failed_rows,
-                    dict(zip(*np.unique(data.suites.astype(str), return_counts=True))),
-                    chosen, cv, {n: summarize_by_bucket(h.problems) for n, h in cv.items()})
-    ev.families = {str(k): int(v) for k, v in ev.families.items()}
+                    {str(k): int(v) for k, v in
+                     zip(*np.unique(data.families.astype(str), return_counts=True))},
+                    data.swept, chosen, cv,
+                    {n: summarize_by_bucket(h.problems) for n, h in cv.items()})
+    if data.swept.any():
+        for n, h in cv.items():
+            ev.cv_summary[n]["swept"] = summarize(h.problems, data.swept)
 
     if options.family_out and len(ev.families) > 1:
-        lofo = leave_family_out(data.suites)
+        families = data.families
+        lofo = leave_family_out(families)
         lofo_splits = [(tr, te) for _, tr, te in lofo]
         for m in [x for x in learned if x.name == chosen] + baselines:
             h = held_out_scores(data, X, m, lofo_splits, options.seed)
-            ev.lofo_summary[m.name] = {fam: summarize(h.problems, data.suites == fam)
+            ev.lofo_summary[m.name] = {fam: summarize(h.problems, families == fam)
                                        for fam, _, _ in lofo}
 
     ranker = _final(chosen, options, X, data)
@@ -116,11 +125,21 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
     return CostModel(arch, dtype, device, ranker, timer, fallback, metadata), ev
 
 
+def _choose(cv: dict[str, HeldOut], names: list[str]) -> str:
+    """The regression model unless a ranking objective beats its held-out top-1 geomean by
+    more than RANKER_MARGIN: a ranker ships a second booster (the time model) and so costs
+    twice the prediction time, which a difference within noise does not pay for."""
+    top1 = {n: summarize(cv[n].problems)["top1_geomean"] for n in names}
+    best = max(names, key=top1.get)
+    regression = XGB_NAMES["regression"]
+    return best if top1[best] > top1[regression] + RANKER_MARGIN else regression
+
+
 def _final(name: str, options: TrainOptions, X: np.ndarray, data: Measurements) -> BoosterModel:
     obj = {v: k for k, v in XGB_NAMES.items()}[name]
     return BoosterModel(objective=obj, n_estimators=options.n_estimators,
-                        max_depth=options.max_depth, seed=options.seed
-                        ).fit(X, data.time_ms, data.group)
+                        max_depth=options.max_depth, seed=options.seed,
+                        n_threads=options.threads).fit(X, data.time_ms, data.group)
 
 
 def _fallback(data: Measurements, device, cv: dict[str, HeldOut], chosen: str, splits,
@@ -166,10 +185,13 @@ def run(dataset: str | os.PathLike, out: str | os.PathLike, report_dir: str | os
     """Train on a dataset folder, write the model file and (when asked) the report."""
     from .report import write_report
 
+    digest = dataset_sha256(dataset)
     data = load_measurements(dataset)
+    if dataset_sha256(dataset) != digest:
+        raise DatasetError(f"dataset {dataset} changed while it was read; run again")
     model, ev = train(data, options)
     model.metadata["trained_on"]["dataset"] = str(dataset)
-    model.metadata["trained_on"]["sha256"] = dataset_sha256(dataset)
+    model.metadata["trained_on"]["sha256"] = digest
     path = model.save(out)
     print(f"wrote {path} ({ev.chosen}, {ev.problems} problems, {ev.rows} rows)")
     if report_dir is not None:
@@ -181,11 +203,17 @@ def run(dataset: str | os.PathLike, out: str | os.PathLike, report_dir: str | os
     return model, ev
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser, dataset: str | None = None, out: str | None = None,
+                  report: str | None = None) -> None:
+    """The train options; ``dataset``/``out``/``report`` given make those arguments optional."""
     d = TrainOptions()
-    p.add_argument("dataset", help="dataset folder of Parquet parts (cutetune collect output)")
-    p.add_argument("--out", required=True, help="model file to write (JSON)")
-    p.add_argument("--report", metavar="DIR", help="write the evaluation report here")
+    p.add_argument("dataset", nargs="?" if dataset else None, default=dataset,
+                   help="dataset folder of Parquet parts (cutetune collect output)"
+                        + (f" (default {dataset})" if dataset else ""))
+    p.add_argument("--out", required=out is None, default=out, help="model file to write (JSON)"
+                   + (f" (default {out})" if out else ""))
+    p.add_argument("--report", metavar="DIR", default=report,
+                   help="write the evaluation report here" + (f" (default {report})" if report else ""))
     p.add_argument("--folds", type=int, default=d.folds)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--trees", type=int, default=d.n_estimators)
@@ -197,6 +225,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-family-out", action="store_true",
                    help="skip the leave-one-family-out evaluation")
     p.add_argument("--fallback-quantile", type=float, default=d.fallback_quantile)
+    p.add_argument("--threads", type=int, default=d.threads, help="threads per model fit")
 
 
 def options_from(args: argparse.Namespace) -> TrainOptions:
@@ -207,7 +236,7 @@ def options_from(args: argparse.Namespace) -> TrainOptions:
     return TrainOptions(folds=args.folds, seed=args.seed, n_estimators=args.trees,
                         max_depth=args.depth, objectives=objectives,
                         baselines=not args.no_baselines, family_out=not args.no_family_out,
-                        fallback_quantile=args.fallback_quantile)
+                        fallback_quantile=args.fallback_quantile, threads=args.threads)
 
 
 def register(subparsers) -> None:

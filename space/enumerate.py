@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from .config import KernelConfig
 from .problem import ARCHES, GemmProblem, ProblemError
-from .rules import is_valid
+from .rules import PROBLEM_RULES, is_valid
 
 # (4, 4) is rejected by cluster_shape (16 CTAs is not a portable cluster size).
 CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4), (4, 4))
@@ -68,7 +68,8 @@ def enumerate_configs(arch: str, problem: GemmProblem | None = None) -> list[Ker
     configs = _valid(check_arch(arch))
     if problem is None:
         return list(configs)
-    return [c for c in configs if is_valid(c, arch, problem)]
+    rules = [r.check for r in PROBLEM_RULES if arch in r.arches]
+    return [c for c in configs if all(check(c, problem) for check in rules)]
 
 
 def compile_keys(configs) -> list[KernelConfig]:
