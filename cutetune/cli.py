@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "predict": "cutetune.models.predict",
     "tune": "cutetune.tuner.tune",
     "emit": "cutetune.tuner.heuristics",
+    "fleet": "cutetune.tuner.fleet",
 }
 
 

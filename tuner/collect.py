@@ -283,10 +283,17 @@ def register(sub) -> None:
     p.add_argument("--target-ms", type=float, default=TimingPolicy.target_ms,
                    help="timed GPU milliseconds per measurement (sets the repeats)")
     p.add_argument("--stats", default=None, help="write throughput stats JSON here")
+    from .fleet import add_arguments  # here: fleet imports this module
+
+    add_arguments(p)
     p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
+    from . import fleet
+
+    if fleet.requested(args):
+        return fleet.run_fleet(args)
     problems = load_problems(args.problems, args.dtype, args.arch, args.seed)[:args.limit_problems]
     collect(problems, args.configs, args.out, seed=args.seed, time_budget_s=args.time_budget,
             compile_workers=args.compile_workers, cache_dir=args.cache_dir,

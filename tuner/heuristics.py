@@ -61,8 +61,10 @@ class Grid:
     def __post_init__(self) -> None:
         for name in ("batch", "m", "n", "k"):
             v = getattr(self, name)
-            if not v or any(not isinstance(x, int) or x <= 0 for x in v) or list(v) != sorted(set(v)):
-                raise HeuristicsError(f"grid {name} must be increasing positive integers, got {v!r}")
+            if (not v or any(not isinstance(x, int) or x <= 0 for x in v)
+                    or list(v) != sorted(set(v))):
+                raise HeuristicsError(f"grid {name} must be increasing positive integers, "
+                                      f"got {v!r}")
 
     @property
     def size(self) -> int:

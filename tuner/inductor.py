@@ -7,13 +7,15 @@ candidate list of every mm/addmm/bmm node it can serve with extern-kernel choice
 ``launcher.quack_mm_out`` with one config each.
 
 Modes:
-  predicted  one choice per node: the heuristics' top-1 config, or ATen when quack cannot run
-             the problem or the model prefers cuBLAS. A single choice is never benchmarked
+  predicted  one choice per node: the heuristics' top-1 config, or ATen when the model
+             prefers cuBLAS. A single choice is never benchmarked
              (``AlgorithmSelectorCache.__call__`` returns it as is), so compiling costs a table
              lookup plus the kernel compile, which quack caches on disk.
   reduced    the top-k configs plus ATen, benchmarked by Inductor; ``feedback=PATH`` appends
              those timings to a cutetune dataset.
   off        nothing installed (an active cutetune installation is lifted for the block).
+Nodes quack cannot run (dtype, layout, alignment, dynamic shapes, a GPU other than sm90/sm100)
+keep Inductor's own candidates: ATen alone under default settings.
 
 Compile-time decisions come from the heuristics file (``heuristics.py``), not the cost model,
 so lowering stays cheap. The installed choices are part of Inductor's FX-graph cache key
@@ -53,6 +55,7 @@ from cutetune.space.rules import is_valid
 
 from . import launcher
 from .heuristics import Heuristics, HeuristicsError, ModelHeuristics, PackagedHeuristics
+from .measure import environment
 
 log = logging.getLogger(__name__)
 
@@ -74,26 +77,29 @@ device_arch = launcher.device_arch  # module attribute so tests can stand in for
 # ---------------------------------------------------------------- decisions (pure)
 @dataclass(frozen=True)
 class NodeDecision:
-    """What one GEMM node gets: quack configs to offer and whether ATen is offered too."""
+    """What one GEMM node gets: quack configs to offer, whether ATen is offered too, or
+    ``leave``: cutetune cannot serve the node and Inductor's own candidates stand."""
 
     configs: tuple[KernelConfig, ...]
     aten: bool
     reason: str
+    leave: bool = False
 
 
 def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: int) -> NodeDecision:
-    """predicted: the top-1 config alone, or ATen alone; reduced: the top-k configs and ATen.
-    ``problem`` is the ProblemError when quack cannot run the node."""
+    """predicted: the top-1 config alone, or ATen alone when the model prefers cuBLAS;
+    reduced: the top-k configs and ATen. ``problem`` is the ProblemError when quack cannot run
+    the node, which is then left to Inductor (ATen alone under its default settings)."""
     if isinstance(problem, ProblemError):
-        return NodeDecision((), True, f"unsupported: {problem}")
+        return NodeDecision((), True, f"unsupported: {problem}", leave=True)
     try:
         configs, prefers_aten = heuristics.lookup(problem)
     except HeuristicsError as e:
-        return NodeDecision((), True, str(e))
+        return NodeDecision((), True, str(e), leave=True)
     # A stale file must not hand quack a config it rejects for this problem.
     configs = tuple(c for c in configs if is_valid(c, problem.arch, problem))
     if not configs:
-        return NodeDecision((), True, "no valid config in the heuristics")
+        return NodeDecision((), True, "no valid config in the heuristics", leave=True)
     if mode == "predicted":
         if prefers_aten:
             return NodeDecision((), True, "the model prefers cuBLAS")
@@ -164,33 +170,36 @@ class CuteTuneChoices(InductorChoices):
         return decide(problem, self.mode, self.heuristics, self.top_k)
 
     def get_template_configs(self, kernel_inputs, templates, op_name, kwarg_overrides=None):
-        if op_name == "mm-ah":  # autoheuristic re-ranking of Triton mm configs: we own the list
-            return []
-        if (op_name not in PRIMARY_ATEN or kernel_inputs.device_type != "cuda"
+        """Answer each mm/addmm/bmm lowering's call: the call holding ATen's kernel gets this
+        node's whole candidate list, calls holding only Triton/subgraph templates get none.
+        Nodes cutetune cannot serve keep Inductor's candidates in every call."""
+        args = (kernel_inputs, templates, op_name, kwarg_overrides)
+        op = "mm" if op_name == "mm-ah" else op_name  # mm-ah: autoheuristic's extra Triton mms
+        if (op not in PRIMARY_ATEN or kernel_inputs.device_type != "cuda"
                 or not use_aten_gemm_kernels() or V.graph.cpp_wrapper):
-            return super().get_template_configs(kernel_inputs, templates, op_name,
-                                                kwarg_overrides)
+            return super().get_template_configs(*args)
+        d = self.decide_node(kernel_inputs, op)
+        if d.leave:
+            return super().get_template_configs(*args)
         externs = [t for t in templates if isinstance(t, ExternKernelChoice)]
         if not externs:
-            return []  # a Triton/subgraph-only call of this node: replaced by our candidates
-        if not any(t.uid == PRIMARY_ATEN[op_name] for t in externs):  # e.g. mm with out_dtype
-            return super().get_template_configs(kernel_inputs, templates, op_name,
-                                                kwarg_overrides)
-        d = self.decide_node(kernel_inputs, op_name)
-        log.info("cutetune %s %s: %s%s", self.mode, op_name, d.reason,
+            return []
+        if not any(t.uid == PRIMARY_ATEN[op] for t in externs):  # e.g. mm with out_dtype
+            return super().get_template_configs(*args)
+        log.info("cutetune %s %s: %s%s", self.mode, op, d.reason,
                  "".join(f" {c.short()}" for c in d.configs))
         choices = []
         if d.aten:
             keep = externs if self.mode == "reduced" else [
-                t for t in externs if t.uid == PRIMARY_ATEN[op_name]]
+                t for t in externs if t.uid == PRIMARY_ATEN[op]]
             choices += super().get_template_configs(kernel_inputs, keep, op_name,
                                                     kwarg_overrides)
         layout = kernel_inputs.output_layout(flexible=False)
         extra = {}
-        if op_name == "addmm":
+        if op == "addmm":
             extra = {"alpha": kernel_inputs.get_scalar("alpha"),
                      "beta": kernel_inputs.get_scalar("beta")}
-        kernel = self.externs[launcher.ADDMM_KERNEL if op_name == "addmm" else launcher.MM_KERNEL]
+        kernel = self.externs[launcher.ADDMM_KERNEL if op == "addmm" else launcher.MM_KERNEL]
         for c in d.configs:
             caller = kernel.bind(kernel_inputs.nodes(), layout,
                                  config=launcher.config_tuple(c), **extra)
@@ -216,22 +225,6 @@ class ChoicesFactory:
 
 
 # ---------------------------------------------------------------- feedback
-def _environment(device: torch.device) -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    def pkg(name: str) -> str | None:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
-
-    props = torch.cuda.get_device_properties(device)
-    return {"device_name": props.name, "sm_count": props.multi_processor_count,
-            "cuda": torch.version.cuda, "torch_version": torch.__version__,
-            "cutlass_dsl_version": pkg("nvidia-cutlass-dsl"),
-            "quack_version": pkg("quack-kernels")}
-
-
 class FeedbackRecorder:
     """An Inductor feedback saver appending the timings of the nodes cutetune served to a
     dataset: quack rows with their config, ATen rows as backend "cublas". Timings the
@@ -258,13 +251,12 @@ class FeedbackRecorder:
         if name not in PRIMARY_ATEN or not served:
             return []
         mat1, mat2 = input_nodes[-2:]
-        device = mat1.get_device()
         try:
-            problem = _node_problem(mat1, mat2, mat1.get_dtype(), device_arch(device))
+            problem = _node_problem(mat1, mat2, mat1.get_dtype(), device_arch(mat1.get_device()))
         except ProblemError:
             return []
         if self._env is None:
-            self._env = _environment(device)
+            self._env = environment()
         base = {**self._env, **problem.to_dict(), "run_id": self.run_id,
                 "timestamp": time.time(), "problem_key": problem.key(), "suite": FEEDBACK_SUITE}
         rows = []
@@ -275,7 +267,7 @@ class FeedbackRecorder:
                 cfg = launcher.as_config(choice.kwargs["config"])
                 row = {**base, "backend": "quack", "config_key": cfg.short(), **cfg.to_dict()}
             elif choice.choice.name in ATEN_KERNELS:
-                row = {**base, "backend": "cublas", "config_key": None}
+                row = {**base, "backend": "cublas", "config_key": ""}  # as the harness
             else:
                 continue
             ok = math.isfinite(ms)
@@ -286,6 +278,7 @@ class FeedbackRecorder:
 
     def __call__(self, timings, name, input_nodes, choices, profiler_bench_function,
                  precompile_times=None) -> None:
+        """Inductor's FeedbackFunction signature (the same in torch 2.11 and 2.13)."""
         from cutetune.dataset import append
 
         rows = self.rows(timings, name, input_nodes)

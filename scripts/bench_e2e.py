@@ -1,0 +1,468 @@
+#!/usr/bin/env python
+"""End-to-end torch.compile benchmark of cutetune's Inductor integration on one GPU.
+
+Workloads (bf16, Llama-3-8B shapes): the decoder MLP (gate/up 4096->14336, down 14336->4096)
+and the attention projections (q 4096->4096, k/v 4096->1024, o 4096->4096) at each M.
+Modes: Inductor's default, max-autotune (GEMM backends ATEN,TRITON, no CUDA graphs), cutetune
+predicted and cutetune reduced. Every measurement runs in a fresh process with an empty
+Inductor cache (TORCHINDUCTOR_CACHE_DIR); cutetune modes run twice, with empty kernel caches
+(cold: QUACK_CACHE_DIR and CUTE_DSL_CACHE_DIR) and with those caches as the cold run left them
+(warm). Reported per workload: compile wall time (the first call), steady-state time per call
+(CUDA events, median of repeats), relative error against eager, and which kernels the GEMMs
+got. Also the host overhead of one tiny GEMM launch: torch.mm vs cutetune's launcher.
+
+  python scripts/bench_e2e.py --out data/bench/e2e_h200.json [--quick] [--heuristics H.json]
+  python scripts/bench_e2e.py --cpu-only   # heuristics load/lookup timing, no GPU
+
+The GPU run keeps to --budget-s (default 460 s): a measurement whose expected duration would
+cross it is skipped and recorded as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+HIDDEN, INTER, KV = 4096, 14336, 1024
+MS = (1, 16, 128, 1024, 4096, 8192)
+QUICK_MS = (16, 4096)
+MODES = ("default", "max-autotune", "predicted", "reduced")
+# Guesses of a run's duration (s) before one of its kind has been seen; then the longest seen.
+GUESS_S = {"default": 30, "max-autotune": 90, "predicted": 45, "reduced": 90}
+
+
+# ================================================================ worker (one fresh process)
+def _workloads(torch):
+    nn = torch.nn
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = nn.Linear(HIDDEN, INTER, bias=False)
+            self.up = nn.Linear(HIDDEN, INTER, bias=False)
+            self.down = nn.Linear(INTER, HIDDEN, bias=False)
+
+        def forward(self, x):
+            return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
+
+    class AttnProj(nn.Module):
+        """q/k/v projections of x and the output projection (applied to q, which has the
+        attention output's shape: the attention itself is not a GEMM node)."""
+
+        def __init__(self):
+            super().__init__()
+            self.q = nn.Linear(HIDDEN, HIDDEN, bias=False)
+            self.k = nn.Linear(HIDDEN, KV, bias=False)
+            self.v = nn.Linear(HIDDEN, KV, bias=False)
+            self.o = nn.Linear(HIDDEN, HIDDEN, bias=False)
+
+        def forward(self, x):
+            return self.o(self.q(x)), self.k(x), self.v(x)
+
+    return {"mlp": MLP, "attn": AttnProj}
+
+
+def _time_calls(torch, fn, x, repeats: int) -> float:
+    """Median ms per call over ``repeats`` CUDA-event-timed batches of calls."""
+    for _ in range(3):
+        fn(x)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn(x)
+    torch.cuda.synchronize()
+    iters = max(1, min(200, int(2e-3 / max(time.perf_counter() - t0, 1e-6))))
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn(x)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / iters)
+    return statistics.median(times)
+
+
+def _kernel_counts(code: str) -> dict:
+    return {
+        "quack": len(re.findall(r"extern_kernels\.cutetune_quack_(?:add)?mm\(", code)),
+        "aten": len(re.findall(r"extern_kernels\.(?:mm|addmm|bmm|bias_addmm)\(", code)),
+        "triton_template": len(re.findall(r"\btriton_tem_\w+\.run\(", code)),
+    }
+
+
+def _rel_err(torch, out, ref) -> float:
+    outs = out if isinstance(out, tuple) else (out,)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    return max(((o.float() - r.float()).norm() / r.float().norm()).item()
+               for o, r in zip(outs, refs))
+
+
+def worker(spec: dict) -> dict:
+    import contextlib
+
+    import torch
+    from torch._inductor.utils import run_and_get_code
+
+    t_start = time.perf_counter()
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    x = torch.randn(spec["m"], HIDDEN, device=dev, dtype=torch.bfloat16)
+    mode = spec["mode"]
+    options = None
+    if mode == "max-autotune":
+        options = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
+    results = {}
+    import_s = None
+    if mode in ("predicted", "reduced"):  # quack's import, paid once per process, apart
+        t0 = time.perf_counter()
+        import quack.gemm_interface  # noqa: F401
+
+        import_s = time.perf_counter() - t0
+    for name, cls in _workloads(torch).items():
+        module = cls().to(dev, torch.bfloat16).eval()
+        with torch.no_grad():
+            ref = module(x)  # eager: also initializes cuBLAS before the compile is timed
+            torch.cuda.synchronize()
+            ctx = contextlib.nullcontext()
+            if mode in ("predicted", "reduced"):
+                from cutetune.tuner.inductor import enable
+
+                ctx = enable(mode, top_k=spec.get("top_k"), model=spec.get("heuristics"))
+            compiled = torch.compile(module, options=options)
+            t0 = time.perf_counter()
+            with ctx:
+                out, code = run_and_get_code(compiled, x)
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - t0
+            step_ms = _time_calls(torch, compiled, x, spec["repeats"])
+            eager_ms = _time_calls(torch, module, x, spec["repeats"])
+        results[name] = {"compile_s": compile_s, "step_ms": step_ms, "eager_ms": eager_ms,
+                         "rel_err": _rel_err(torch, out, ref),
+                         "kernels": _kernel_counts("\n".join(code))}
+        del module, compiled
+        torch.cuda.empty_cache()
+    return {"workloads": results, "quack_import_s": import_s,
+            "process_s": time.perf_counter() - t_start}
+
+
+def overhead_worker(spec: dict) -> dict:
+    """Host cost of launching a tiny GEMM: the issuing loop without a sync (host us/call) and
+    with one (wall us/call), for torch.mm and cutetune's launcher with a fixed config."""
+    import torch
+
+    from cutetune.space.config import quack_default_config
+    from cutetune.tuner.launcher import config_tuple, device_arch, quack_mm_out
+
+    m = n = k = spec["size"]
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    cfg = config_tuple(quack_default_config(device_arch(a.device) or "sm90"))
+    fns = {"torch.mm": lambda: torch.mm(a, b, out=out),
+           "cutetune.quack_mm_out": lambda: quack_mm_out(a, b, out, cfg)}
+    res = {"size": m, "config": list(cfg)}
+    for name, fn in fns.items():
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        host, wall = [], []
+        for _ in range(spec["repeats"]):
+            t0 = time.perf_counter()
+            for _ in range(spec["calls"]):
+                fn()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            host.append((t1 - t0) / spec["calls"] * 1e6)
+            wall.append((t2 - t0) / spec["calls"] * 1e6)
+        res[name] = {"host_us": statistics.median(host), "wall_us": statistics.median(wall)}
+    torch.testing.assert_close(out, torch.mm(a, b), rtol=2e-2, atol=2e-2)
+    res["launcher_minus_torch_host_us"] = (res["cutetune.quack_mm_out"]["host_us"]
+                                           - res["torch.mm"]["host_us"])
+    return res
+
+
+# ================================================================ orchestrator
+def _run_worker(spec: dict, env: dict, timeout: float) -> dict:
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], env=env,
+                           cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "wall_s": time.perf_counter() - t0}
+    wall = time.perf_counter() - t0
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return {"status": "error", "wall_s": wall, "error": (p.stderr or p.stdout)[-2000:]}
+    return {"status": "ok", "wall_s": wall, **json.loads(lines[-1])}
+
+
+def _env(inductor_dir: Path, kernel_dir: Path | None) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TORCHINDUCTOR_", "CUTETUNE_")) and k != "TRITON_CACHE_DIR"}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(inductor_dir), PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
+    if kernel_dir is not None:
+        env.update(QUACK_CACHE_DIR=str(kernel_dir / "quack"),
+                   CUTE_DSL_CACHE_DIR=str(kernel_dir / "cute_dsl"))
+    return env
+
+
+def run_gpu(args) -> dict:
+    from cutetune.tuner.heuristics import Heuristics, PackagedHeuristics
+
+    heuristics = str(Path(args.heuristics).resolve()) if args.heuristics else None
+    if heuristics:
+        digest = Heuristics.load(heuristics).digest
+    else:
+        digest = PackagedHeuristics().digest  # raises with instructions when none is shipped
+    ms = QUICK_MS if args.quick else tuple(args.ms)
+    repeats = 5 if args.quick else 10
+    started = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix="cutetune_e2e_"))
+    res = {"meta": {"argv": sys.argv[1:], "quick": args.quick, "ms": list(ms),
+                    "modes": list(args.modes), "repeats": repeats, "budget_s": args.budget_s,
+                    "heuristics": args.heuristics or "packaged", "heuristics_digest": digest,
+                    "top_k": args.top_k, "started": time.time()},
+           "runs": []}
+    seen_s: dict[str, float] = {}
+
+    def left() -> float:
+        return args.budget_s - (time.perf_counter() - started)
+
+    ov = _run_worker({"kind": "overhead", "size": 64, "calls": 500, "repeats": 7},
+                     _env(tmp / "ov_inductor", tmp / "ov_kernels"), timeout=max(left(), 1))
+    res["launch_overhead"] = ov
+    print(f"launch overhead: {json.dumps(ov)}", flush=True)
+    try:
+        for m in ms:
+            for mode in args.modes:
+                caches = ("cold", "warm") if mode in ("predicted", "reduced") else (None,)
+                kernel_dir = tmp / f"kernels_{mode}_{m}"
+                for cache in caches:
+                    kind = mode + (f"-{cache}" if cache else "")
+                    run = {"mode": mode, "m": m, "kernel_cache": cache}
+                    guess = seen_s.get(kind, GUESS_S[mode] / (2 if cache == "warm" else 1))
+                    if guess > left():
+                        run.update(status="skipped", reason=f"budget: ~{guess:.0f} s needed, "
+                                   f"{max(left(), 0):.0f} s left")
+                    else:
+                        spec = {"kind": "compile", "mode": mode, "m": m, "repeats": repeats,
+                                "heuristics": heuristics, "top_k": args.top_k}
+                        inductor_dir = Path(tempfile.mkdtemp(dir=tmp, prefix="inductor_"))
+                        run.update(_run_worker(spec, _env(inductor_dir,
+                                                          kernel_dir if cache else None),
+                                               timeout=left()))
+                        seen_s[kind] = max(seen_s.get(kind, 0.0), run["wall_s"])
+                        shutil.rmtree(inductor_dir, ignore_errors=True)
+                    res["runs"].append(run)
+                    print(_run_line(run), flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    res["meta"]["total_s"] = time.perf_counter() - started
+    return res
+
+
+def _run_line(run: dict) -> str:
+    head = f"M={run['m']:>5} {run['mode']:>12} {run['kernel_cache'] or '':>4}: {run['status']}"
+    if run["status"] != "ok":
+        return head + f" {run.get('reason') or run.get('error', '')[-300:]}"
+    parts = [f"{n} compile {w['compile_s']:.1f}s step {w['step_ms'] * 1e3:.1f}us "
+             f"err {w['rel_err']:.1e} {w['kernels']}" for n, w in run["workloads"].items()]
+    return head + f" ({run['wall_s']:.0f}s) | " + " | ".join(parts)
+
+
+def ratio_table(res: dict) -> str:
+    """Per workload and M: step time against Inductor's default, and compile seconds."""
+    ok = {(r["mode"], r["m"], r["kernel_cache"]): r for r in res["runs"] if r["status"] == "ok"}
+    lines = []
+    for wl in ("mlp", "attn"):
+        lines.append(f"\n{wl}: step-time ratio to default (lower is faster) | compile s "
+                     f"(default / max-autotune / predicted cold,warm / reduced cold,warm)")
+        lines.append(f"{'M':>5} {'default us':>10} {'max-at':>7} {'pred':>7} {'red':>7} | "
+                     f"{'def':>5} {'m-at':>5} {'pred':>11} {'red':>11}")
+        for m in res["meta"]["ms"]:
+            def get(mode, cache=None, key="step_ms"):
+                r = ok.get((mode, m, cache))
+                return r["workloads"][wl][key] if r else None
+
+            base = get("default")
+            ratio = lambda v: f"{v / base:7.2f}" if v and base else f"{'-':>7}"  # noqa: E731
+            sec = lambda v: f"{v:5.1f}" if v is not None else f"{'-':>5}"  # noqa: E731
+            step = {mo: get(mo, "cold" if mo in ("predicted", "reduced") else None)
+                    for mo in MODES}
+            comp = {(mo, c): get(mo, c, "compile_s") for mo in MODES
+                    for c in (("cold", "warm") if mo in ("predicted", "reduced") else (None,))}
+            base_us = f"{base * 1e3:10.1f}" if base else f"{'-':>10}"
+            lines.append(
+                f"{m:>5} {base_us} "
+                f"{ratio(step['max-autotune'])} {ratio(step['predicted'])} {ratio(step['reduced'])}"
+                f" | {sec(comp[('default', None)])} {sec(comp[('max-autotune', None)])} "
+                f"{sec(comp[('predicted', 'cold')])},{sec(comp[('predicted', 'warm')])} "
+                f"{sec(comp[('reduced', 'cold')])},{sec(comp[('reduced', 'warm')])}")
+    return "\n".join(lines)
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    for col, wl in enumerate(("mlp", "attn")):
+        for mode in MODES:
+            for cache, style in ((None, "-"), ("cold", "-"), ("warm", "--")):
+                pts = sorted((r["m"], r["workloads"][wl]) for r in res["runs"]
+                             if r["status"] == "ok" and r["mode"] == mode
+                             and r["kernel_cache"] == cache)
+                if not pts:
+                    continue
+                label = mode + (f" ({cache} kernels)" if cache else "")
+                if cache != "warm":
+                    axes[0, col].plot([p[0] for p in pts], [p[1]["step_ms"] * 1e3 for p in pts],
+                                      style, marker="o", label=mode)
+                axes[1, col].plot([p[0] for p in pts], [p[1]["compile_s"] for p in pts], style,
+                                  marker="o", label=label)
+        axes[0, col].set(title=f"{wl}: steady-state time per call", xscale="log", yscale="log",
+                         xlabel="M (tokens)", ylabel="us")
+        axes[1, col].set(title=f"{wl}: compile wall time (fresh process, empty Inductor cache)",
+                         xscale="log", yscale="log", xlabel="M (tokens)", ylabel="s")
+        for ax in axes[:, col]:
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+# ================================================================ CPU: heuristics timing
+class StandInModel:
+    """Timing-only stand-in for a cost model when no heuristics file exists yet: eight
+    distinct valid configs per cell picked by hashing the shape, so the table has the size and
+    spread of a real one. Its picks mean nothing."""
+
+    def __init__(self, arch: str):
+        from cutetune.space.enumerate import enumerate_configs
+
+        self.configs = enumerate_configs(arch)
+
+    def rank(self, problem, configs=None, top_k=None):
+        h = hash((problem.m, problem.n, problem.k, problem.a_major == "k", problem.b_major == "k"))
+        n = len(self.configs)
+        return [(self.configs[(h + 97 * i) % n], float(i)) for i in range(top_k or 8)]
+
+    def prefers_cublas(self, problem):
+        return problem.m * problem.n * problem.k < 2 ** 24
+
+
+def run_cpu(args) -> dict:
+    from cutetune.space.problem import GemmProblem
+    from cutetune.tuner import heuristics as hz
+    from cutetune.tuner.inductor import REDUCED_TOP_K, decide
+
+    if args.heuristics:
+        path, source = Path(args.heuristics), "given file"
+    elif hz.default_path("sm90", "bf16").exists():
+        path, source = hz.default_path("sm90", "bf16"), "packaged file"
+    else:
+        path = Path(tempfile.mkdtemp()) / "standin.json"
+        t0 = time.perf_counter()
+        hz.build(StandInModel("sm90"), "sm90", "bf16").save(path)
+        source = (f"stand-in table built in {time.perf_counter() - t0:.1f} s (not a trained "
+                  f"model: its contents are meaningless, its size and layout are real)")
+    loads = []  # the first is the one a compile pays (nothing of the file cached in-process)
+    for _ in range(20):
+        t0 = time.perf_counter()
+        h = hz.Heuristics.load(path)
+        loads.append((time.perf_counter() - t0) * 1e3)
+    llama = [GemmProblem(m, n, k, b_major="k") for m in MS
+             for n, k in ((INTER, HIDDEN), (HIDDEN, INTER), (HIDDEN, HIDDEN), (KV, HIDDEN))]
+    odd = [GemmProblem(m, n, k) for m in (3, 77, 1500, 30000) for n in (200, 3000)
+           for k in (72, 9000)]
+    probs = llama + odd
+    per_call = {}
+    for name, fn in (("lookup_us", h.lookup),
+                     ("decide_predicted_us", lambda p: decide(p, "predicted", h, 1)),
+                     ("decide_reduced_us", lambda p: decide(p, "reduced", h, REDUCED_TOP_K))):
+        rounds = []
+        for _ in range(15):
+            t0 = time.perf_counter()
+            for _ in range(20):
+                for p in probs:
+                    fn(p)
+            rounds.append((time.perf_counter() - t0) / (20 * len(probs)) * 1e6)
+        per_call[name] = {"median": statistics.median(rounds), "max": max(rounds)}
+    return {
+        "what": "cutetune heuristics: load and per-node lookup cost at compile time (CPU)",
+        "host": {"machine": platform.machine(), "processor": platform.processor(),
+                 "cpus": os.cpu_count(), "python": platform.python_version()},
+        "heuristics": {"path": str(path), "source": source, "bytes": path.stat().st_size,
+                       "grid_cells": h.grid.size, "exact": len(h.exact),
+                       "configs": len(h.configs), "top_k": h.top_k, "digest": h.digest},
+        "load_ms": {"first": loads[0], "median": statistics.median(loads), "max": max(loads),
+                    "n": len(loads)},
+        **per_call,
+        "problems": len(probs),
+        "targets": {"load_ms": 100, "lookup_us": 100},
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="result JSON (default: data/bench/e2e.json, or "
+                    "data/bench/heuristics_cpu.json with --cpu-only)")
+    ap.add_argument("--cpu-only", action="store_true", help="heuristics timing only, no GPU")
+    ap.add_argument("--quick", action="store_true", help=f"M in {QUICK_MS}, 5 repeats")
+    ap.add_argument("--ms", type=int, nargs="+", default=list(MS))
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--heuristics", help="heuristics file (default: the packaged one)")
+    ap.add_argument("--top-k", type=int, default=None, help="reduced mode's k")
+    ap.add_argument("--budget-s", type=float, default=460.0)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.worker:
+        spec = json.loads(args.worker)
+        print(json.dumps(overhead_worker(spec) if spec["kind"] == "overhead" else worker(spec)))
+        return 0
+    default = "heuristics_cpu.json" if args.cpu_only else "e2e.json"
+    out = Path(args.out or REPO / "data" / "bench" / default)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.cpu_only:
+        res = run_cpu(args)
+        out.write_text(json.dumps(res, indent=1))
+        print(f"heuristics ({res['heuristics']['source']}; {res['heuristics']['bytes'] / 1024:.0f} "
+              f"KiB, {res['heuristics']['configs']} configs): load {res['load_ms']['median']:.1f} "
+              f"ms, lookup {res['lookup_us']['median']:.1f} us, decide "
+              f"{res['decide_predicted_us']['median']:.1f} / "
+              f"{res['decide_reduced_us']['median']:.1f} us (predicted / reduced) -> {out}")
+        return 0
+    res = run_gpu(args)
+    out.write_text(json.dumps(res, indent=1))
+    png = out.with_suffix(".png")
+    plot(res, png)
+    ov = res["launch_overhead"]
+    if ov.get("status") == "ok":
+        print(f"\ntiny GEMM ({ov['size']}^3) host us/call: torch.mm "
+              f"{ov['torch.mm']['host_us']:.1f}, "
+              f"cutetune {ov['cutetune.quack_mm_out']['host_us']:.1f} "
+              f"(+{ov['launcher_minus_torch_host_us']:.1f})")
+    print(ratio_table(res))
+    print(f"\nwrote {out} and {png} in {res['meta']['total_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

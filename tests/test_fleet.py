@@ -1,0 +1,231 @@
+"""Fleet collection: work items queued in an Optuna RDB storage, shared by worker processes.
+
+The fleet runs replay the committed H200 dataset (data/h200_bf16): every row a worker stores
+is a recorded GPU measurement, copied as recorded. The PostgreSQL test needs a server named by
+CUTETUNE_TEST_PG_URL (`bash .ci/start_postgres.sh` starts one and prints it); without one it
+skips, except under CI=true, where it fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from cutetune import dataset
+from cutetune.space import GemmProblem, KernelConfig
+from cutetune.tuner import fleet
+from cutetune.tuner.collect import configs_for, load_problems
+from test_collect import COMPILE_FAIL_TILE_N, CRASH_TILE_N, fake_compile, fake_init, fake_measure
+
+REPO = Path(__file__).resolve().parents[1]
+RECORDED = REPO / "data" / "h200_bf16"
+CONFIGS = "sample:150"  # how data/h200_bf16's train problems were collected
+
+
+@pytest.fixture(scope="module")
+def recorded() -> dict:
+    t = dataset.load(RECORDED)
+    return {tuple(r[c] for c in dataset.KEY_COLUMNS): r for r in t.to_pylist()}
+
+
+def _recorded_problems(recorded: dict, n: int) -> list[dict]:
+    """The first n train problems whose sampled configs and cuBLAS row are all recorded."""
+    out = []
+    for suite, p in load_problems("train", "bf16", "sm90", 0):
+        keys = [(p.key(), "cublas", "")] + [(p.key(), "quack", c.short())
+                                            for c in configs_for(p, CONFIGS, 0)]
+        if all(k in recorded for k in keys):
+            out.append({"m": p.m, "n": p.n, "k": p.k, "suite": suite})
+        if len(out) == n:
+            return out
+    raise AssertionError(f"data/h200_bf16 has fewer than {n} fully recorded train problems")
+
+
+def _collect(tmp_path, problems: list[dict], storage: str, workers: int, item_size: int,
+             heartbeat: int, delay: float) -> tuple[subprocess.Popen, str]:
+    pfile = tmp_path / "problems.json"
+    pfile.write_text(json.dumps(problems))
+    study = f"test-{uuid.uuid4().hex[:12]}"
+    cmd = [sys.executable, "-m", "cutetune", "collect", "--problems", str(pfile),
+           "--configs", CONFIGS, "--out", str(tmp_path / "out"), "--storage", storage,
+           "--study", study, "--workers", str(workers), "--item-size", str(item_size),
+           "--backend", f"replay:{RECORDED}", "--replay-delay", str(delay),
+           "--heartbeat", str(heartbeat), "--stats", str(tmp_path / "stats.json")]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True), study
+
+
+def _check_exactly_once(storage, study_name: str, out: Path, problems: list[dict],
+                        recorded: dict) -> optuna.Study:
+    """Every planned item has exactly one COMPLETE trial, and the exported dataset holds each
+    recorded row of the plan once, as recorded."""
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    plan = fleet.Plan.from_json(study.user_attrs[fleet.PLAN_ATTR])
+    complete = Counter(t.user_attrs[fleet.ITEM_ATTR]
+                       for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    assert set(complete) == set(plan.items)
+    assert set(complete.values()) == {1}
+    rows = dataset.load(out).to_pylist()
+    keys = [tuple(r[c] for c in dataset.KEY_COLUMNS) for r in rows]
+    assert len(keys) == len(set(keys)) == len(problems) * (150 + 1)
+    for k, r in zip(keys, rows):
+        assert r["time_ms"] == recorded[k]["time_ms"] and r["device_name"] == "NVIDIA H200"
+    return study
+
+
+def test_plan_covers_pending_work_once():
+    configs = tuple(KernelConfig(tile_m=128, tile_n=n, cluster_m=1)
+                    for n in (64, 96, 128, 160, 192))
+    work = fleet.Work("t", "sm90", "bf16", configs, 0, item_size=2)
+    p1, p2, p3 = GemmProblem(256, 512, 1024), GemmProblem(64, 1024, 512), GemmProblem(128, 128, 128)
+    done = {(p1.key(), "quack", configs[0].short()), (p2.key(), "cublas", "")}
+    done |= {(p3.key(), "quack", c.short()) for c in configs}
+    items = fleet.plan_items([("a", p1), ("b", p2), ("a", p1), ("c", p3)], work, done)
+    plan = fleet.Plan(work, {it.key: it for it in items})
+    assert fleet.Plan.from_json(plan.to_json()) == plan
+    got = [(it.problem.key(), "quack", c.short()) for it in items for c in plan.configs(it)]
+    want = {(p.key(), "quack", c.short()) for p in (p1, p2, p3) for c in configs} - done
+    assert len(got) == len(set(got)) and set(got) == want
+    assert [it.key for it in items if it.cublas] == [f"{p1.key()}#0", f"{p3.key()}#0"]
+    assert max(len(it.indices) for it in items) == 2
+    assert [it.indices for it in items if it.problem == p3] == [()]  # cuBLAS alone
+    with pytest.raises(ValueError, match="differ from the planning host"):
+        plan.configs(dataclasses.replace(items[0], space="0" * 12))
+
+
+def test_gpu_executor_isolates_failures(tmp_path):
+    """The GPU worker's scheduling, with the hardware edges swapped for test_collect's CPU
+    stand-ins: a config that kills the GPU worker and one that does not compile are recorded
+    with that status, the rest of their items measured."""
+    configs = [KernelConfig(tile_m=128, tile_n=n, pingpong=True, cluster_m=1, cluster_n=1)
+               for n in (16, COMPILE_FAIL_TILE_N, CRASH_TILE_N, 64, 128)]
+    items = [fleet.WorkItem(f"i{j}", "t", GemmProblem(256 * (j + 1), 512, 1024),
+                            tuple(range(len(configs))), True, "") for j in range(2)]
+    ex = fleet.GpuExecutor("sm90", str(tmp_path / "cache"), 1, fleet.TimingPolicy(),
+                           measure_fn=fake_measure, gpu_init=fake_init, compile_fn=fake_compile)
+    try:
+        for j, it in enumerate(items):
+            ex.submit(100 + j, it, configs)
+        done, deadline = [], time.monotonic() + 120
+        while len(done) < 2 and time.monotonic() < deadline:
+            done += ex.poll(0.5)
+    finally:
+        ex.close()
+    assert sorted(d.trial_id for d in done) == [100, 101]
+    for d in done:
+        status = {(r["backend"], r.get("tile_n")): r["status"] for r in d.rows}
+        assert len(d.rows) == len(configs) + 1 and not d.error
+        assert status == {("cublas", None): "ok", ("quack", 16): "ok", ("quack", 64): "ok",
+                          ("quack", 128): "ok", ("quack", COMPILE_FAIL_TILE_N): "compile_error",
+                          ("quack", CRASH_TILE_N): "crash"}
+
+
+def test_sqlite_fleet_measures_each_item_once(tmp_path, recorded):
+    """One host, two workers, the embedded SQLite queue; a second run finds nothing to do."""
+    problems = _recorded_problems(recorded, 4)
+    url = f"sqlite:///{tmp_path / 'queue.sqlite'}"
+    proc, name = _collect(tmp_path, problems, url, workers=2, item_size=30, heartbeat=5,
+                          delay=0.0)
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, log
+    storage = fleet.open_storage(url)
+    study = _check_exactly_once(storage, name, tmp_path / "out", problems, recorded)
+    assert fleet.status(study)["complete"] == 4 * 5  # 150 configs in items of 30
+    work = fleet.Plan.from_json(study.user_attrs[fleet.PLAN_ATTR]).work
+    _, _, enqueued = fleet.prepare(storage, name, work, plan_fn=None)  # joins: no new plan
+    assert enqueued == 0
+
+
+def _pg_url() -> str:
+    url = os.environ.get("CUTETUNE_TEST_PG_URL")
+    why = None
+    if not url:
+        why = "CUTETUNE_TEST_PG_URL is not set (bash .ci/start_postgres.sh starts a server " \
+              "and prints one)"
+    else:
+        try:
+            fleet.open_storage(url)
+        except ValueError as e:
+            why = f"PostgreSQL at CUTETUNE_TEST_PG_URL is unreachable: {e}"
+    if why and os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"{why}; under CI=true the fleet test must run")
+    if why:
+        pytest.skip(why)
+    return url
+
+
+def _running(storage, study_id: int) -> list:
+    return storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
+
+
+def _kill_a_worker_holding_a_trial(storage, name: str, proc) -> tuple[str, list[int]]:
+    """Once 10 items are done, freeze a worker that holds a RUNNING trial and SIGKILL it.
+    Returns its name and the trials it held."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+        try:
+            sid = storage.get_study_id_from_name(name)
+        except KeyError:
+            continue
+        if storage.get_n_trials(sid, TrialState.COMPLETE) < 10:
+            continue
+        for t in _running(storage, sid):
+            worker = t.user_attrs.get(fleet.WORKER_ATTR)
+            if not worker:
+                continue
+            pid = int(worker.rsplit(":", 1)[1])
+            os.kill(pid, signal.SIGSTOP)
+            held = [u.number for u in _running(storage, sid)
+                    if u.user_attrs.get(fleet.WORKER_ATTR) == worker]
+            if held:
+                os.kill(pid, signal.SIGKILL)
+                return worker, held
+            os.kill(pid, signal.SIGCONT)
+    raise AssertionError("no worker was seen holding a RUNNING trial")
+
+
+def test_postgres_fleet_survives_a_killed_worker(tmp_path, recorded):
+    """200 items, 4 workers on one PostgreSQL study; one worker is SIGKILLed while it holds a
+    trial. Its trial goes stale, fails, is queued again and measured by another worker: every
+    item ends COMPLETE exactly once and the dataset holds every row once."""
+    url = _pg_url()
+    problems = _recorded_problems(recorded, 20)
+    proc, name = _collect(tmp_path, problems, url, workers=4, item_size=15, heartbeat=1,
+                          delay=0.05)
+    storage = fleet.open_storage(url)
+    try:
+        worker, held = _kill_a_worker_holding_a_trial(storage, name, proc)
+        log, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, log
+        assert "exited abnormally: [-9]" in log, log
+        study = _check_exactly_once(storage, name, tmp_path / "out", problems, recorded)
+        assert fleet.status(study) == {"items": 200, "complete": 200, "running": 0,
+                                       "waiting": 0, "lost": 0, "retried": len(held)}
+        trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+        for number in held:
+            dead = trials[number]
+            assert dead.state == TrialState.FAIL and dead.user_attrs[fleet.WORKER_ATTR] == worker
+            retries = [t for t in trials.values() if t.system_attrs.get("failed_trial") == number]
+            assert [t.state for t in retries] == [TrialState.COMPLETE]
+            assert retries[0].user_attrs[fleet.ITEM_ATTR] == dead.user_attrs[fleet.ITEM_ATTR]
+            assert retries[0].user_attrs[fleet.WORKER_ATTR] != worker
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            optuna.delete_study(study_name=name, storage=storage)
+        except KeyError:
+            pass

@@ -1,0 +1,544 @@
+"""torch.compile integration: heuristics files, per-node decisions, Inductor's real mm/addmm/bmm
+lowering on a fake CUDA device (CPU torch), installation and restore, env vars, feedback rows;
+and on a GPU (``-m gpu``) compiled Llama MLPs in each mode and an FX-graph-cache reload."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch._inductor import config as inductor_config
+from torch._inductor import ir
+from torch._inductor import select_algorithm as sa
+from torch._inductor.virtualized import V
+
+from cutetune.space.config import KernelConfig, quack_default_config
+from cutetune.space.problem import GemmProblem, ProblemError
+from cutetune.tuner import heuristics as hz
+from cutetune.tuner import inductor as ci
+from cutetune.tuner import launcher
+from cutetune.tuner.heuristics import Grid, Heuristics, HeuristicsError
+
+BF16 = torch.bfloat16
+A = KernelConfig(128, 192, True, 2, 1, False, 8, 1, False)
+B = KernelConfig(128, 128, False, 1, 1, True, 1, 1, False)
+C = KernelConfig(64, 128, True, 1, 1, False, 8, 1, False)
+SPLIT4 = KernelConfig(64, 128, True, 1, 1, False, 8, 4, False)
+
+
+class FakeHeuristics:
+    """Stands in for a heuristics file: fixed answer, records what it was asked."""
+
+    def __init__(self, configs=(A, B, C), prefers_aten=False, digest="fake"):
+        self.configs, self.prefers_aten, self.digest = tuple(configs), prefers_aten, digest
+        self.asked: list[GemmProblem] = []
+
+    def lookup(self, problem):
+        self.asked.append(problem)
+        return self.configs, self.prefers_aten
+
+
+class FakeModel:
+    """A cost model's interface (rank, prefers_cublas) with picks that depend on the exact
+    shape, so tests can tell a grid cell's answer from an exact entry's."""
+
+    TILES = (16, 32, 48, 64, 96, 128, 160)
+
+    def rank(self, problem, configs=None, top_k=None):
+        n = self.TILES[(problem.m + problem.n + problem.k) % len(self.TILES)]
+        ranked = [(KernelConfig(128, n, True, 1, 1, False, 8, 1, False), 1.0), (A, 2.0), (B, 3.0)]
+        return ranked[:top_k]
+
+    def prefers_cublas(self, problem):
+        return problem.m <= 2
+
+
+def P(m, n, k, **kw):
+    return GemmProblem(m, n, k, **kw)
+
+
+# ---------------------------------------------------------------- heuristics files
+SMALL = Grid(m=(1, 64, 1024), n=(64, 4096), k=(64, 4096))
+
+
+def test_build_lookup_grid_and_exact_entries():
+    exact_p = P(3000, 4096, 4096)
+    h = hz.build(FakeModel(), "sm90", "bf16", top_k=2, grid=SMALL, problems=[exact_p])
+    model = FakeModel()
+    on_grid = P(64, 4096, 64)
+    assert h.lookup(on_grid) == ((model.rank(on_grid, top_k=2)[0][0], A), False)
+    # 48 is nearer 64 than 1 in log space; N/K snap the same way
+    assert h.lookup(P(48, 3000, 80)) == h.lookup(P(64, 4096, 64))
+    assert h.lookup(P(1, 64, 64))[1] is True  # the model prefers cuBLAS there
+    assert h.lookup(exact_p)[0][0] == model.rank(exact_p, top_k=1)[0][0]
+    assert h.lookup(P(3008, 4096, 4096)) == h.lookup(P(1024, 4096, 4096))  # grid, not exact
+    # every operand-major pair has its own cells
+    assert h.lookup(P(64, 4096, 64, a_major="m", b_major="n"))[0][0] == \
+        model.rank(P(64, 4096, 64), top_k=1)[0][0]
+    with pytest.raises(HeuristicsError, match="sm90/bf16, not sm90/fp16"):
+        h.lookup(P(64, 64, 64, dtype="fp16", out_dtype="fp16"))
+
+
+def test_save_load_round_trip(tmp_path):
+    h = hz.build(FakeModel(), "sm90", "bf16", top_k=3, grid=SMALL, problems=[P(3000, 64, 64)])
+    path = h.save(tmp_path / "h.json")
+    g = Heuristics.load(path)
+    assert (g.arch, g.dtype, g.top_k, g.grid) == ("sm90", "bf16", 3, SMALL)
+    assert g.configs == h.configs and g.cells == h.cells and g.exact == h.exact
+    assert g.digest == h.digest
+    for p in (P(1, 64, 64), P(700, 100 * 8, 2048), P(3000, 64, 64)):
+        assert g.lookup(p) == h.lookup(p)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: "{not json", "corrupt"),
+    (lambda d: {**d, "format": "other"}, "not a cutetune heuristics file"),
+    (lambda d: {**d, "version": 99}, "version 99"),
+    (lambda d: {**d, "config_fields": d["config_fields"][:-1]}, "config fields"),
+    (lambda d: {**d, "cells": d["cells"][:-1]}, "cells for a grid"),
+    (lambda d: {**d, "cells": [[0, 999]] + d["cells"][1:]}, "bad entry"),
+    (lambda d: {**d, "arch": "sm80"}, "unsupported arch"),
+    (lambda d: {k: v for k, v in d.items() if k != "grid"}, "corrupt"),
+])
+def test_bad_files_give_clear_errors(tmp_path, edit, match):
+    d = hz.build(FakeModel(), "sm90", "bf16", grid=SMALL).to_json()
+    bad = edit(d)
+    path = tmp_path / "bad.json"
+    path.write_text(bad if isinstance(bad, str) else json.dumps(bad))
+    with pytest.raises(HeuristicsError, match=match) as e:
+        Heuristics.load(path)
+    assert str(path) in str(e.value)
+
+
+def test_missing_file_says_how_to_make_one(tmp_path):
+    with pytest.raises(FileNotFoundError, match="cutetune emit"):
+        Heuristics.load(tmp_path / "none.json")
+
+
+def test_load_and_lookup_are_fast_at_full_size(tmp_path):
+    """The compile-time budget: load < 100 ms, lookup < 100 us (default grid, top-8)."""
+    h = hz.build(FakeModel(), "sm90", "bf16", grid=Grid())
+    path = h.save(tmp_path / "h.json")
+    loads = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        g = Heuristics.load(path)
+        loads.append(time.perf_counter() - t0)
+    probs = [P(m, n, k) for m in (1, 7 * 8, 999, 4096, 50000) for n in (1024, 14336)
+             for k in (512, 4096, 14336)]
+    t0 = time.perf_counter()
+    reps = 20
+    for _ in range(reps):
+        for p in probs:
+            g.lookup(p)
+    per_lookup = (time.perf_counter() - t0) / (reps * len(probs))
+    assert statistics.median(loads) < 0.1
+    assert per_lookup < 100e-6
+
+
+def test_packaged_heuristics(tmp_path, monkeypatch):
+    monkeypatch.setattr(hz, "DATA_DIR", tmp_path)
+    with pytest.raises(HeuristicsError, match="no packaged heuristics"):
+        hz.PackagedHeuristics()
+    hz.build(FakeModel(), "sm90", "bf16", grid=SMALL).save(hz.default_path("sm90", "bf16"))
+    ph = hz.PackagedHeuristics()
+    assert ph.lookup(P(64, 64, 64)) == Heuristics.load(tmp_path / "heuristics_sm90_bf16.json") \
+        .lookup(P(64, 64, 64))
+    with pytest.raises(HeuristicsError, match="sm100/bf16"):
+        ph.lookup(P(64, 64, 64, arch="sm100"))
+
+
+def test_cli_emit(tmp_path, monkeypatch):
+    import cutetune.models
+    from cutetune.cli import main
+    from cutetune.dataset import append
+
+    model_file = tmp_path / "model.bin"
+    model_file.write_bytes(b"weights")
+    calls = []
+
+    def load_model(path=None, arch="sm90", dtype="bf16"):
+        calls.append((str(path), arch, dtype))
+        if not str(path).endswith("model.bin"):
+            raise FileNotFoundError(f"no model at {path}")
+        return FakeModel()
+
+    monkeypatch.setattr(cutetune.models, "load_model", load_model, raising=False)
+    ds = tmp_path / "ds"
+    recorded = P(3000, 4096, 1024)
+    append(ds, [{**recorded.to_dict(), "problem_key": recorded.key(), "backend": "cublas",
+                 "status": "ok"}])
+    out = tmp_path / "h.json"
+    assert main(["emit", "--model", str(model_file), "--out", str(out), "--top-k", "2",
+                 "--dataset", str(ds)]) == 0
+    h = Heuristics.load(out)
+    assert calls == [(str(model_file), "sm90", "bf16")] and h.top_k == 2
+    assert recorded.key() in h.exact and h.grid == Grid()
+    assert main(["emit", "--model", str(tmp_path / "nope"), "--out", str(out)]) == 2
+    with pytest.raises(SystemExit):
+        main(["emit", "--model", str(model_file), "--out", str(out), "--top-k", "0"])
+
+
+# ---------------------------------------------------------------- decisions
+def test_decide_modes():
+    fake, p = FakeHeuristics(), P(512, 4096, 4096)
+    assert ci.decide(p, "predicted", fake, 1) == ci.NodeDecision((A,), False, "top-1")
+    d = ci.decide(p, "reduced", fake, 2)
+    assert d.configs == (A, B) and d.aten
+    d = ci.decide(p, "predicted", FakeHeuristics(prefers_aten=True), 1)
+    assert d.configs == () and d.aten and "cuBLAS" in d.reason
+    d = ci.decide(ProblemError("fp32"), "reduced", fake, 2)
+    assert d.leave and not d.configs and "fp32" in d.reason
+    assert ci.decide(p, "predicted", FakeHeuristics(prefers_aten=True), 1).leave is False
+
+
+def test_decide_drops_configs_invalid_for_the_problem():
+    """A stale heuristics file must not hand quack a config its rules reject."""
+    short_k = P(512, 4096, 128)  # 2 K tiles: split-K 4 has nothing to split
+    d = ci.decide(short_k, "predicted", FakeHeuristics((SPLIT4, C)), 1)
+    assert d.configs == (C,)
+    d = ci.decide(short_k, "predicted", FakeHeuristics((SPLIT4,)), 1)
+    assert d.leave and not d.configs
+
+
+# ---------------------------------------------------------------- Inductor lowering (fake GPU)
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Lower for a CUDA device on CPU torch. CPU torch cannot read CUDA device properties:
+    declaring the device "not big" only removes Triton templates from the candidate lists,
+    and the arch stands in for torch.cuda.get_device_capability."""
+    import torch._inductor.utils as iu
+
+    monkeypatch.setattr(iu, "is_big_gpu", lambda *a, **k: False)
+    monkeypatch.setattr(ci, "device_arch", lambda device: "sm90")
+    monkeypatch.setattr(sa.AlgorithmSelectorCache, "do_autotuning",
+                        lambda *a, **k: pytest.fail("Inductor benchmarked the choices"))
+
+
+def lower(fn, *specs):
+    """Lower ``fn`` with Inductor's real lowerings; ``specs`` are (size, stride, dtype). Returns
+    (python_kernel_name, kwargs) of each extern kernel in the lowered graph."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.graph import GraphLowering
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    mode = FakeTensorMode()
+    with mode:
+        args = [torch.empty_strided(size, stride, dtype=dtype, device="cuda")
+                for size, stride, dtype in specs]
+        gm = make_fx(fn, tracing_mode="fake", decomposition_table=select_decomp_table())(*args)
+    g = GraphLowering(gm, example_inputs=args)
+    with V.set_graph_handler(g), V.set_fake_mode(mode):
+        g.run(*args)
+    return [(op.python_kernel_name, dict(op.kwargs)) for op in g.operations
+            if isinstance(op, ir.ExternKernelOut)]
+
+
+def row(*size, dtype=BF16):
+    stride = [1] * len(size)
+    for i in range(len(size) - 2, -1, -1):
+        stride[i] = stride[i + 1] * size[i + 1]
+    return tuple(size), tuple(stride), dtype
+
+
+def block(x, w1, b1, w2, y):
+    h = torch.nn.functional.linear(x, w1, b1).relu()  # addmm, transposed weight
+    return h @ w2, torch.bmm(y, y)                     # mm, bmm
+
+
+BLOCK = (row(64, 256), row(512, 256), row(512), row(512, 256), row(4, 64, 64))
+MM, ADDMM = f"extern_kernels.{launcher.MM_KERNEL}", f"extern_kernels.{launcher.ADDMM_KERNEL}"
+
+
+def test_predicted_gives_one_quack_choice_per_node(fake_gpu):
+    fake = FakeHeuristics()
+    with ci.enable("predicted", model=fake):
+        kernels = lower(block, *BLOCK)
+    cfg = launcher.config_tuple(A)
+    assert kernels == [(ADDMM, {"config": cfg, "alpha": 1, "beta": 1}), (MM, {"config": cfg}),
+                       (MM, {"config": cfg})]
+    assert [(p.m, p.n, p.k, p.batch, p.a_major, p.b_major) for p in fake.asked] == [
+        (64, 512, 256, 1, "k", "k"), (64, 256, 512, 1, "k", "n"), (64, 64, 64, 4, "k", "n")]
+
+
+def test_predicted_falls_back_to_aten(fake_gpu, monkeypatch):
+    with ci.enable("predicted", model=FakeHeuristics()):
+        fp32 = lower(lambda a, b: a @ b, row(64, 256, dtype=torch.float32),
+                     row(256, 64, dtype=torch.float32))
+        odd_k = lower(lambda a, b: a @ b, row(64, 100), row(100, 64))
+    with ci.enable("predicted", model=FakeHeuristics(prefers_aten=True)):
+        cublas = lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
+    monkeypatch.setattr(ci, "device_arch", lambda device: None)  # e.g. an A100
+    with ci.enable("predicted", model=FakeHeuristics()):
+        other_gpu = lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
+    for kernels in (fp32, odd_k, cublas, other_gpu):
+        assert kernels == [("extern_kernels.mm", {})]
+
+
+def test_off_and_no_installation_leave_inductor_alone(fake_gpu):
+    with ci.enable("off"):
+        assert lower(lambda a, b: a @ b, row(64, 256), row(256, 64)) == [("extern_kernels.mm", {})]
+
+
+def test_reduced_offers_top_k_and_aten(fake_gpu):
+    seen = []
+
+    def record(choices):  # keep one so the CPU does not try to benchmark CUDA kernels
+        seen.append(list(choices))
+        return choices[:1]
+
+    cache = sa.get_algorithm_selector_cache()
+    cache.add_preprocessing_fn(record)
+    try:
+        with ci.enable("reduced", top_k=2, model=FakeHeuristics()):
+            lower(block, *BLOCK)
+    finally:
+        cache.preprocessing_fns.remove(record)
+    assert len(seen) == 3
+    for choices in seen:
+        names = [c.choice.name for c in choices]
+        ours = [c for c in choices if c.choice.name.startswith("cutetune")]
+        assert names[0] in ("mm", "addmm", "bmm")  # ATen first (Inductor's deterministic pick)
+        assert [c.kwargs["config"] for c in ours] == [launcher.config_tuple(A),
+                                                      launcher.config_tuple(B)]
+        assert [c.description for c in ours] == [A.short(), B.short()]
+
+
+def test_reduced_leaves_unsupported_nodes_to_inductor(fake_gpu):
+    seen = []
+    cache = sa.get_algorithm_selector_cache()
+    cache.add_preprocessing_fn(lambda cs: seen.append([c.choice.name for c in cs]) or cs[:1])
+    try:
+        with ci.enable("reduced", top_k=2, model=FakeHeuristics()):
+            lower(lambda a, b: a @ b, row(64, 256, dtype=torch.float32),
+                  row(256, 64, dtype=torch.float32))
+    finally:
+        cache.preprocessing_fns.pop()
+    assert seen == [["mm"]]
+
+
+def test_feedback_rows_from_inductor_timings(fake_gpu, tmp_path, monkeypatch):
+    seen = []
+    cache = sa.get_algorithm_selector_cache()
+    cache.add_preprocessing_fn(lambda cs: seen.append(list(cs)) or cs[:1])
+    try:
+        with ci.enable("reduced", top_k=2, model=FakeHeuristics()):
+            lower(lambda a, b: a @ b, row(64, 256), row(256, 512))
+    finally:
+        cache.preprocessing_fns.pop()
+    monkeypatch.setattr(ci, "environment", lambda: {"device_name": "test", "host": "x"})
+    choices = seen[0]
+    timings = {choices[0]: 0.010, choices[1]: 0.008, choices[2]: float("inf")}
+    rec = ci.FeedbackRecorder(tmp_path / "fb")
+    rec(timings, "mm", choices[0].input_nodes, choices, None, {})
+    rec(timings, "mm", choices[0].input_nodes, choices, None, {})  # cached replay: no new rows
+    rec(timings, "convolution", choices[0].input_nodes, choices, None, {})  # not ours
+    from cutetune.dataset import load
+
+    rows = sorted(load(tmp_path / "fb").to_pylist(), key=lambda r: r["backend"])
+    assert [(r["backend"], r["config_key"], r["status"], r["time_ms"]) for r in rows] == [
+        ("cublas", "", "ok", 0.010), ("quack", A.short(), "ok", 0.008),
+        ("quack", B.short(), "runtime_error", None)]
+    assert {r["suite"] for r in rows} == {ci.FEEDBACK_SUITE}
+    assert rows[1]["problem_key"] == P(64, 512, 256, b_major="n").key()
+    assert rows[1]["tile_n"] == A.tile_n and rows[0]["tile_n"] is None
+
+
+# ---------------------------------------------------------------- installation
+def test_enable_installs_and_restores():
+    prev_class = inductor_config.inductor_choices_class
+    prev_handler = V.choices  # builds this thread's handler, as a compile would
+    with ci.enable("predicted", model=FakeHeuristics()) as inst:
+        assert isinstance(inductor_config.inductor_choices_class, ci.ChoicesFactory)
+        assert isinstance(V.choices, ci.CuteTuneChoices) and V.choices.mode == "predicted"
+        with ci.enable("reduced", top_k=3, model=FakeHeuristics()):
+            assert (V.choices.mode, V.choices.top_k) == ("reduced", 3)
+            with ci.enable("off"):
+                assert inductor_config.inductor_choices_class is None
+                assert not isinstance(V.choices, ci.CuteTuneChoices)
+            assert V.choices.mode == "reduced"
+        assert V.choices.mode == "predicted"
+    assert not inst.active
+    assert inductor_config.inductor_choices_class is prev_class
+    assert V.choices is prev_handler
+    inst = ci.enable("predicted", model=FakeHeuristics())  # function style
+    assert isinstance(V.choices, ci.CuteTuneChoices)
+    inst.disable()
+    inst.disable()
+    assert V.choices is prev_handler
+
+
+def test_feedback_saver_added_and_removed(tmp_path):
+    savers = sa.get_algorithm_selector_cache().feedback_saver_fns
+    n = len(savers)
+    with ci.enable("reduced", model=FakeHeuristics(), feedback=tmp_path / "fb") as inst:
+        assert savers[-1] is inst.feedback and len(savers) == n + 1
+    assert len(sa.get_algorithm_selector_cache().feedback_saver_fns) == n
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"mode": "fast"}, ValueError, "unknown cutetune mode"),
+    ({"mode": "reduced", "top_k": 0}, ValueError, "positive integer"),
+    ({"mode": "predicted", "top_k": 3}, ValueError, "reduced mode"),
+    ({"mode": "predicted", "feedback": "x"}, ValueError, "only reduced mode"),
+    ({"mode": "predicted", "model": 42}, TypeError, "heuristics file path"),
+    ({"mode": "predicted", "model": "/nonexistent/h.json"}, FileNotFoundError, "cutetune emit"),
+])
+def test_enable_rejects_bad_arguments(kwargs, error, match):
+    prev = inductor_config.inductor_choices_class
+    with pytest.raises(error, match=match):
+        ci.enable(**kwargs)
+    assert inductor_config.inductor_choices_class is prev
+
+
+def test_uuid_and_cache_key_follow_mode_k_and_heuristics():
+    u = lambda *a: ci.ChoicesFactory(*a)().uuid()  # noqa: E731
+    ci._SOURCES.setdefault("d1", FakeHeuristics(digest="d1"))
+    ci._SOURCES.setdefault("d2", FakeHeuristics(digest="d2"))
+    assert len({u("predicted", 1, "d1"), u("reduced", 4, "d1"), u("reduced", 2, "d1"),
+                u("predicted", 1, "d2")}) == 4
+    assert u("predicted", 1, "d1") == u("predicted", 1, "d1")
+    # torch 2.11 pickles the factory into the FX-graph cache key: equal factories, equal bytes
+    assert pickle.dumps(ci.ChoicesFactory("reduced", 4, "d1")) == \
+        pickle.dumps(ci.ChoicesFactory("reduced", 4, "d1"))
+    with ci.enable("reduced", top_k=2, model=FakeHeuristics(digest="d3")):
+        portable = inductor_config.save_config_portable()
+        value = portable["inductor_choices_class"]
+        if "inductor_choices_class" in getattr(inductor_config, "_cache_config_factory_keys", []):
+            assert value == u("reduced", 2, "d3")  # torch >= 2.13 asks uuid()
+        else:
+            assert value == ci.ChoicesFactory("reduced", 2, "d3")
+
+
+def test_factory_without_loaded_heuristics_explains():
+    with pytest.raises(RuntimeError, match="enable"):
+        ci.ChoicesFactory("predicted", 1, "never-loaded")()
+
+
+def _write_heuristics(tmp_path) -> str:
+    return str(hz.build(FakeModel(), "sm90", "bf16", grid=SMALL).save(tmp_path / "h.json"))
+
+
+def test_enable_from_env(tmp_path):
+    path = _write_heuristics(tmp_path)
+    prev = inductor_config.inductor_choices_class
+    assert ci.enable_from_env({}) is None
+    assert ci.enable_from_env({"CUTETUNE_MODE": "OFF", "CUTETUNE_TOPK": "3"}) is None
+    assert inductor_config.inductor_choices_class is prev
+    with ci.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_MODEL": path}) as inst:
+        assert inst.factory.mode == "predicted" and inst.factory.top_k == 1
+        assert inst.factory.source == Heuristics.load(path).digest
+    with ci.enable_from_env({"CUTETUNE_MODE": "reduced", "CUTETUNE_TOPK": "3",
+                             "CUTETUNE_MODEL": path,
+                             "CUTETUNE_FEEDBACK": str(tmp_path / "fb")}) as inst:
+        assert inst.factory.top_k == 3 and inst.feedback is not None
+    assert inductor_config.inductor_choices_class is prev
+    with pytest.raises(ValueError, match="CUTETUNE_MODE='fast'"):
+        ci.enable_from_env({"CUTETUNE_MODE": "fast"})
+    with pytest.raises(ValueError, match="CUTETUNE_TOPK='four'"):
+        ci.enable_from_env({"CUTETUNE_MODE": "reduced", "CUTETUNE_TOPK": "four"})
+
+
+def test_default_model_needs_packaged_heuristics(tmp_path, monkeypatch):
+    monkeypatch.setattr(hz, "DATA_DIR", tmp_path)
+    with pytest.raises(HeuristicsError, match="cutetune emit"):
+        ci.enable("predicted")
+
+
+# ---------------------------------------------------------------- GPU: torch.compile end to end
+gpu = pytest.mark.gpu
+
+
+class FixedModel:
+    """Plumbing only: the same three configs for every problem, never cuBLAS."""
+
+    def rank(self, problem, configs=None, top_k=None):
+        return [(c, float(i)) for i, c in enumerate((quack_default_config("sm90"), B, C))][:top_k]
+
+    def prefers_cublas(self, problem):
+        return False
+
+
+class LlamaMLP(torch.nn.Module):
+    def __init__(self, hidden=1024, inter=2816):
+        super().__init__()
+        self.gate = torch.nn.Linear(hidden, inter, bias=False)
+        self.up = torch.nn.Linear(hidden, inter, bias=False)
+        self.down = torch.nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def _rel_err(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["off", "predicted", "reduced"])
+def test_gpu_compiled_llama_mlp(tmp_path, mode):
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    torch.manual_seed(0)
+    mlp = LlamaMLP().cuda().to(BF16)
+    x = torch.randn(256, 1024, device="cuda", dtype=BF16)
+    path = hz.build(FixedModel(), "sm90", "bf16", grid=Grid()).save(tmp_path / "h.json")
+    torch._dynamo.reset()
+    with torch.no_grad(), fresh_cache(), ci.enable(mode, model=None if mode == "off" else path):
+        out, code = run_and_get_code(torch.compile(mlp), x)
+        ref = mlp(x)
+    assert _rel_err(out, ref) < 2e-2
+    code = "".join(code)
+    n_quack = code.count(f"extern_kernels.{launcher.MM_KERNEL}(")
+    if mode == "predicted":
+        assert n_quack >= 1 and "extern_kernels.mm(" not in code  # every GEMM on quack
+    elif mode == "off":
+        assert n_quack == 0  # reduced: whatever Inductor's benchmark picked
+
+
+FRESH_PROCESS = textwrap.dedent("""
+    import json, sys, torch
+    from torch._dynamo.utils import counters
+    from cutetune.tuner import inductor as ci
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(1024, 2048, bias=True).cuda().to(torch.bfloat16)
+    x = torch.randn(128, 1024, device="cuda", dtype=torch.bfloat16)
+    with ci.enable("predicted", model=sys.argv[1]):
+        out = torch.compile(lin)(x)
+    err = ((out.float() - lin(x).float()).norm() / lin(x).float().norm()).item()
+    print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"]
+                      + counters["aot_autograd"]["autograd_cache_hit"],
+                      "miss": counters["inductor"]["fxgraph_cache_miss"], "err": err}))
+""")
+
+
+@gpu
+def test_gpu_fx_graph_cache_reload_in_fresh_process(tmp_path):
+    import os
+
+    path = hz.build(FixedModel(), "sm90", "bf16", grid=Grid()).save(tmp_path / "h.json")
+    script = tmp_path / "run.py"
+    script.write_text(FRESH_PROCESS)
+    repo = str(Path(__file__).resolve().parent.parent)  # the script lives outside the checkout
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    runs = []
+    for _ in range(2):
+        res = subprocess.run([sys.executable, str(script), str(path)], env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    assert runs[0]["miss"] >= 1 and runs[1]["hit"] >= 1 and runs[1]["miss"] == 0
+    assert all(r["err"] < 2e-2 for r in runs)
+    cached = "".join(p.read_text() for p in (tmp_path / "inductor").rglob("*.py"))
+    assert launcher.ADDMM_KERNEL in cached or launcher.MM_KERNEL in cached
