@@ -109,3 +109,27 @@ def test_dataset_append_is_atomic_and_checked(tmp_path):
         dataset.load(out)
     with pytest.raises(dataset.DatasetError, match="no dataset parts"):
         dataset.load(tmp_path / "empty")
+
+
+def test_tuner_gpu_session_reuses_its_workers(tmp_path, monkeypatch):
+    """measure_configs keeps one executor: the second call compiles nothing again."""
+    from cutetune.tuner import gpu_session
+    from cutetune.tuner.fleet import GpuExecutor
+    from cutetune.tuner.measure import TimingPolicy
+
+    compiled = []
+    ex = GpuExecutor("sm90", str(tmp_path / "cache"), 1, TimingPolicy(), measure_fn=fake_measure,
+                     gpu_init=fake_init, compile_fn=fake_compile)
+    monkeypatch.setitem(gpu_session._executors, "sm90", ex)
+    try:
+        p = GemmProblem(256, 512, 1024)
+        first = gpu_session.measure_configs(p, _configs()[:2])
+        compiled.append(len(ex.kernel_ids))
+        again = gpu_session.measure_configs(p, _configs()[:2] + [_configs()[3]])
+        compiled.append(len(ex.kernel_ids))
+    finally:
+        ex.close()
+    status = {r["tile_n"]: r["status"] for r in first}
+    assert status == {16: "ok", COMPILE_FAIL_TILE_N: "compile_error"}
+    assert {r["config_key"] for r in again} == {c.short() for c in _configs()[:2] + [_configs()[3]]}
+    assert compiled == [2, 3]

@@ -24,7 +24,7 @@ from cutetune.space.enumerate import enumerate_configs
 from cutetune.space.problem import GemmProblem
 from cutetune.space.suites import suite
 
-from .compile import compile_kernel, configure_gpu_blind
+from .compile import compile_kernel, configure_gpu_blind, kernel_cache_dir
 from .measure import MeasureTask, TimingPolicy, init_gpu_worker, measure
 from .workers import IsolatedPool
 
@@ -135,9 +135,7 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
           f"{len(kernels)} kernels to compile or load, {len(need_cublas)} cuBLAS baselines",
           file=sys.stderr)
 
-    cache_dir = cache_dir or os.environ.get("QUACK_CACHE_DIR") or str(
-        Path.home() / ".cache" / "cutetune" / "quack-kernels")
-    os.makedirs(cache_dir, exist_ok=True)
+    cache_dir = kernel_cache_dir(cache_dir)
     n_compile = compile_workers or max(1, (os.cpu_count() or 2) - 2)
     compile_s: dict[int, float] = {}
     compile_err: dict[int, str] = {}

@@ -85,6 +85,14 @@ def kernel_signature(problem: GemmProblem, config: KernelConfig) -> tuple:
     )
 
 
+def kernel_cache_dir(explicit: str | None = None) -> str:
+    """quack's on-disk kernel cache: ``explicit``, else $QUACK_CACHE_DIR, else ours."""
+    path = explicit or os.environ.get("QUACK_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "cutetune", "quack-kernels")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 def configure_gpu_blind(arch: str, cache_dir: str | None = None) -> None:
     """Make this process compile for ``arch`` without touching a GPU (quack's compile-pool
     setup: hidden devices, pinned dispatch and ptxas arch, static smem table)."""

@@ -48,7 +48,7 @@ from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
 
 from .collect import CHUNK, _compile_task, configs_for, load_problems, signature_class
-from .compile import configure_gpu_blind
+from .compile import configure_gpu_blind, kernel_cache_dir
 from .measure import MeasureTask, TimingPolicy, init_gpu_worker, measure
 from .workers import IsolatedPool
 
@@ -815,8 +815,7 @@ def run_fleet(args) -> int:
         storage, name, work_def, lambda: plan_items(problems, work_def, dataset.done_keys(args.out)))
     print(f"fleet: study {name!r} in {_safe_url(url)}: {len(plan.items)} items planned, "
           f"{enqueued} enqueued now; {n} workers here", file=sys.stderr, flush=True)
-    cache = args.cache_dir or os.environ.get("QUACK_CACHE_DIR") or str(
-        Path.home() / ".cache" / "cutetune" / "quack-kernels")
+    cache = kernel_cache_dir(args.cache_dir)
     compile_workers = args.compile_workers or max(1, ((os.cpu_count() or 2) - 2) // n)
     specs = [WorkerSpec(url, name, args.backend, gpus[i % len(gpus)], args.heartbeat,
                         args.max_retry, t0 + args.time_budget, compile_workers, cache,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -159,12 +160,16 @@ def replay(backend: ReplayBackend, problems: Sequence[GemmProblem], strategies: 
         ref = reference(backend, p)
         for s in strategies:
             for seed in (seeds[:1] if s in DETERMINISTIC else seeds):
-                extra = {"scorer": scorers[p.key()], **(model_options or {})} if s == "model" else {}
+                extra = ({"scorer": scorers[p.key()], **(model_options or {})}
+                         if s == "model" else {})
                 tasks.append((p, s, seed, budgets.get(s, Budget()), ref, extra))
     if workers <= 1:
         _init_worker(backend)
         return [_task(t) for t in tasks]
-    with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(backend,)) as pool:
+    # spawn, not fork: a forked child of a process that has run XGBoost's OpenMP threads can
+    # deadlock in its first prediction.
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_init_worker, initargs=(backend,)) as pool:
         return list(pool.map(_task, tasks, chunksize=4))
 
 
@@ -248,14 +253,24 @@ def _fmt(v: float, spec: str) -> str:
     return "never" if v == math.inf else ("n/a" if v != v else format(v, spec))
 
 
-def report_markdown(summary: Mapping, meta: Mapping, png_name: str) -> str:
+def report_markdown(summaries: Mapping[str, Mapping], meta: Mapping, png_name: str) -> str:
+    """``summaries``: section title -> ``summarize`` output, one table each."""
     lines = [f"# Replay benchmark: {meta['title']}", ""]
     lines += [f"- {k}: {v}" for k, v in meta["facts"].items()]
-    lines += ["", f"![oracle efficiency vs kernels and tuning time]({png_name})", "",
-              f"| strategy | runs | reached {TARGET} | median kernels to {TARGET} | "
-              f"median time to {TARGET} / exhaustive | median kernels total | "
-              "median speedup vs exhaustive | final eff. geomean | final eff. min |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", f"![oracle efficiency vs kernels and tuning time]({png_name})"]
+    for title, summary in summaries.items():
+        lines += ["", f"## {title}", ""] + _table(summary)
+    lines += ["", "## Method", ""] + [f"- {m}" for m in meta["method"]]
+    if meta.get("targets"):
+        lines += ["", "## Targets", ""] + [f"- {t}" for t in meta["targets"]]
+    return "\n".join(lines) + "\n"
+
+
+def _table(summary: Mapping) -> list[str]:
+    lines = [f"| strategy | runs | reached {TARGET} | median kernels to {TARGET} | "
+             f"median time to {TARGET} / exhaustive | median kernels total | "
+             "median speedup vs exhaustive | final eff. geomean | final eff. min |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for s, v in summary.items():
         lines.append(
             f"| {s} | {v['runs']} | {v['reached_frac']:.0%} | "
@@ -264,20 +279,18 @@ def report_markdown(summary: Mapping, meta: Mapping, png_name: str) -> str:
             f"{_fmt(v['median_kernels_total'], 'g')} | "
             f"{_fmt(v['median_speedup_vs_exhaustive'], '.1f')}x | "
             f"{v['final_efficiency_geomean']:.4f} | {v['final_efficiency_min']:.4f} |")
-    lines += ["", "## Method", ""] + [f"- {m}" for m in meta["method"]]
-    if meta.get("targets"):
-        lines += ["", "## Targets", ""] + [f"- {t}" for t in meta["targets"]]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
-def write_report(runs: Sequence[Run], summary: Mapping, meta: Mapping, stem: str | Path) -> list[Path]:
-    """``stem``.md, .json (summary, meta and every run's trace) and .png."""
+def write_report(runs: Sequence[Run], summaries: Mapping[str, Mapping], meta: Mapping,
+                 stem: str | Path) -> list[Path]:
+    """``stem``.md, .json (summaries, meta and every run's trace) and .png."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     png = stem.with_suffix(".png")
     plot(runs, png)
     md = stem.with_suffix(".md")
-    md.write_text(report_markdown(summary, meta, png.name))
+    md.write_text(report_markdown(summaries, meta, png.name))
     js = stem.with_suffix(".json")
 
     def clean(v):  # JSON has no inf/nan
@@ -289,6 +302,6 @@ def write_report(runs: Sequence[Run], summary: Mapping, meta: Mapping, stem: str
             return [clean(x) for x in v]
         return v
 
-    js.write_text(json.dumps(clean({"meta": meta, "summary": summary,
-                                    "runs": [asdict(r) for r in runs]}), indent=1))
+    js.write_text(json.dumps(clean({"meta": meta, "summaries": summaries,
+                                    "runs": [asdict(r) for r in runs]}), separators=(",", ":")))
     return [md, js, png]

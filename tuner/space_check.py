@@ -13,9 +13,10 @@ import math
 import os
 import platform
 import random
+import re
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from typing import Callable
 
@@ -28,6 +29,7 @@ from .compile import DSL_ARCH, compile_kernel, configure_gpu_blind
 from .workers import IsolatedPool
 
 REPORT_VERSION = 1
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the DSL colors its error text
 
 
 def check_problem(arch: str) -> GemmProblem:
@@ -73,10 +75,11 @@ def pick_valid(arch: str, sample: int | None, seed: int = 0) -> list[KernelConfi
 
 
 def pick_rejected(arch: str, n: int, seed: int = 0) -> list[tuple[KernelConfig, tuple[str, ...]]]:
-    """``n`` distinct compile keys of grid points the config rules reject, spread round-robin
-    over the rules. Points that break exactly one rule come first, so the compiler's verdict
-    on them is evidence about that rule alone."""
-    by_rule: dict[str, list[tuple[KernelConfig, tuple[str, ...]]]] = {}
+    """``n`` distinct compile keys of grid points the config rules reject, drawn round-robin:
+    each round takes one point per rule among the points that break that rule alone (the
+    compiler's verdict on those is evidence about that rule), then one that breaks several."""
+    alone: dict[str, list[tuple[KernelConfig, tuple[str, ...]]]] = {}
+    multi: list[tuple[KernelConfig, tuple[str, ...]]] = []
     seen: set[KernelConfig] = set()
     for c in grid(arch):
         key = c.compile_key()
@@ -84,11 +87,12 @@ def pick_rejected(arch: str, n: int, seed: int = 0) -> list[tuple[KernelConfig, 
             continue
         seen.add(key)
         broken = tuple(r.name for r in violations(key, arch))
-        if broken:
-            by_rule.setdefault(broken[0] if len(broken) == 1 else "", []).append((key, broken))
+        if len(broken) == 1:
+            alone.setdefault(broken[0], []).append((key, broken))
+        elif broken:
+            multi.append((key, broken))
     rng = random.Random(seed)
-    multi = by_rule.pop("", [])
-    queues = [rng.sample(v, len(v)) for _, v in sorted(by_rule.items())]
+    queues = [rng.sample(v, len(v)) for _, v in sorted(alone.items())]
     queues.append(rng.sample(multi, len(multi)))
     picked: list[tuple[KernelConfig, tuple[str, ...]]] = []
     while len(picked) < n and any(queues):
@@ -105,22 +109,31 @@ def _compile_task(task: tuple[GemmProblem, KernelConfig]) -> tuple[float, float]
     return wall, time.process_time() - cpu0
 
 
-def compile_configs(arch: str, configs: list[KernelConfig], *, workers: int = 2,
-                    cache_dir: str, timeout_s: float = 300.0,
+def compile_pool(arch: str, cache_dir: str, workers: int = 2,
+                 timeout_s: float = 300.0) -> IsolatedPool:
+    """Worker processes that compile for ``arch`` GPU-blind into ``cache_dir`` (a context
+    manager); a compile that crashes or outlives ``timeout_s`` costs its worker, not the run."""
+    return IsolatedPool(_compile_task, workers, initializer=configure_gpu_blind,
+                        initargs=(arch, cache_dir), timeout_s=timeout_s)
+
+
+def compile_configs(pool: IsolatedPool, arch: str, configs: list[KernelConfig],
                     on_result: Callable[[int, CompileResult], None] | None = None
                     ) -> list[CompileResult]:
-    """Compile each config for ``check_problem(arch)`` in GPU-blind worker processes; return
-    one result per config, in input order. ``on_result(done_count, result)`` sees progress."""
+    """Compile each config for ``check_problem(arch)`` in ``pool``; return one result per
+    config, in input order. ``on_result(done_count, result)`` sees progress."""
     problem = check_problem(arch)
+    position = {pool.submit((problem, c)): i for i, c in enumerate(configs)}
     results: list[CompileResult | None] = [None] * len(configs)
-    with IsolatedPool(_compile_task, workers, initializer=configure_gpu_blind,
-                      initargs=(arch, cache_dir), timeout_s=timeout_s) as pool:
-        for done, r in enumerate(pool.imap_unordered((problem, c) for c in configs), 1):
+    done = 0
+    while pool.outstanding:
+        for r in pool.poll():
             wall, cpu = r.value if r.status == "ok" else (r.seconds, None)
-            res = CompileResult(configs[r.index], r.status, wall, r.error, cpu)
-            results[r.index] = res
+            i = position[r.index]
+            results[i] = CompileResult(configs[i], r.status, wall, _ANSI.sub("", r.error), cpu)
+            done += 1
             if on_result:
-                on_result(done, res)
+                on_result(done, results[i])
     return results  # type: ignore[return-value]
 
 
@@ -198,10 +211,14 @@ def run_check(arch: str, *, sample: int | None, seed: int = 0, workers: int = 2,
             return run_check(arch, sample=sample, seed=seed, workers=workers, rejected=rejected,
                              cache_dir=tmp, timeout_s=timeout_s, on_result=on_result)
     valid = pick_valid(arch, sample, seed)
-    t0 = time.perf_counter()
-    results = compile_configs(arch, valid, workers=workers, cache_dir=cache_dir,
-                              timeout_s=timeout_s, on_result=on_result)
-    wall = time.perf_counter() - t0
+    picks = pick_rejected(arch, rejected, seed) if rejected else []
+    with compile_pool(arch, cache_dir, workers, timeout_s) as pool:
+        t0 = time.perf_counter()
+        results = compile_configs(pool, arch, valid, on_result)
+        wall = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        rej = compile_configs(pool, arch, [c for c, _ in picks])
+        rej_wall = time.perf_counter() - t0
     summary = summarize(results, wall)
     all_keys = len(compile_keys(enumerate_configs(arch)))
     if "cpu_s_mean" in summary:
@@ -220,14 +237,8 @@ def run_check(arch: str, *, sample: int | None, seed: int = 0, workers: int = 2,
         "results": [r.to_dict() for r in results],
     }
     if rejected:
-        picks = pick_rejected(arch, rejected, seed)
-        t0 = time.perf_counter()
-        rej = compile_configs(arch, [c for c, _ in picks], workers=workers, cache_dir=cache_dir,
-                              timeout_s=timeout_s)
-        rej = [CompileResult(r.config, r.status, r.seconds, r.error, r.cpu_seconds, broken)
-               for r, (_, broken) in zip(rej, picks)]
+        rej = [replace(r, broken_rules=broken) for r, (_, broken) in zip(rej, picks)]
         report["rejected"] = {"tried": len(rej), "compiler_rejects": sum(not r.ok for r in rej),
-                              "wall_s": round(time.perf_counter() - t0, 1),
-                              "rules": rule_verdicts(arch, rej),
+                              "wall_s": round(rej_wall, 1), "rules": rule_verdicts(arch, rej),
                               "results": [r.to_dict() for r in rej]}
     return report

@@ -41,10 +41,34 @@ ATTR_KEY, ATTR_STATUS, ATTR_TIME = "config_key", "status", "time_ms"
 
 class Scorer(Protocol):
     """What the model-guided strategy needs from a cost model: a log run time per config
-    (natural log of ms; any monotone log scale works, the online fit absorbs offset and
-    scale). cutetune.models' CostModel satisfies it."""
+    (natural log of ms; the online fit absorbs a wrong offset or scale). cutetune.models'
+    CostModel satisfies it; RankedTimes adapts it to use its ranker's order."""
 
-    def predict_log_time(self, problem: GemmProblem, configs: Sequence[KernelConfig]) -> np.ndarray: ...
+    def predict_log_time(self, problem: GemmProblem,
+                         configs: Sequence[KernelConfig]) -> np.ndarray: ...
+
+
+class RankedTimes:
+    """A cutetune CostModel as a Scorer: its ranker's order on its time model's scale.
+
+    The shipped ranker (a learning-to-rank objective) orders a problem's configs better than
+    the time model, but predicts no time; the guided search needs log times, to compare
+    predictions with measurements. So the k-th config in the ranker's order gets the k-th
+    smallest predicted time: the ranker's order, the time model's spread of times. With a
+    regression ranker this is the time model itself.
+    """
+
+    def __init__(self, model):
+        self.model = model
+
+    def predict_log_time(self, problem: GemmProblem,
+                         configs: Sequence[KernelConfig]) -> np.ndarray:
+        configs = list(configs)
+        ranked = self.model.rank(problem, configs)  # [(config, predicted ms)], ranker order
+        where = {c: i for i, c in enumerate(configs)}
+        out = np.empty(len(configs))
+        out[[where[c] for c, _ in ranked]] = np.sort(np.log([ms for _, ms in ranked]))
+        return out
 
 
 class SpaceEncoding:
@@ -149,9 +173,9 @@ class ModelGuidedSampler(ProposingSampler):
     """Ranks every candidate with a cost model, corrects it online, compiles only what may win.
 
     Each step: the model's log-time predictions, corrected for this problem by the configs
-    measured so far, give a posterior mean and spread per candidate (below). Candidates whose
-    mean is more than ``margin`` slower than the best measured time are pruned: never
-    compiled. Among the rest the sampler picks the largest expected improvement over the best
+    measured so far, give a posterior mean and spread per candidate (below). Candidates
+    predicted more than ``margin`` slower than the best measured time even one standard
+    deviation below their mean are pruned: never compiled. Among the rest the sampler picks the largest expected improvement over the best
     (in log time, i.e. relative gain) per unit of cost, a config whose kernel is already
     built costing ``rerun_cost`` of a new one. It stops when no candidate survives the margin
     or the largest expected improvement is below ``min_gain``.
@@ -159,9 +183,10 @@ class ModelGuidedSampler(ProposingSampler):
     The correction: an affine fit of measured log time on predicted log time (offset, and a
     scale ridge-shrunk to 1 once three configs are measured) fixes the model's level for
     this problem; a Gaussian process on the remaining residuals over the normalized axis
-    coordinates moves the neighbours of measured configs, so a family of configs the model
-    misjudges (say every split-K config) is corrected after one of them is measured. The
-    residual variance starts at ``prior_sigma**2`` and is updated with the observed residuals.
+    coordinates moves the neighbours of measured configs (a few axis steps away) with them,
+    so where the model misjudges a region of the space, measuring one config there corrects
+    the configs around it. The residual variance starts at ``prior_sigma**2`` and is updated
+    with the observed residuals.
     """
 
     # Residual GP: squared-exponential kernel over normalized axis coordinates. The swizzle
@@ -172,7 +197,7 @@ class ModelGuidedSampler(ProposingSampler):
     SCALE_RIDGE = 0.05  # pull of the fitted scale towards 1, in (log time)^2
 
     def __init__(self, encoding: SpaceEncoding, problem: GemmProblem, scorer: Scorer, *,
-                 margin: float = 0.05, min_gain: float = 0.002, prior_sigma: float = 0.15,
+                 margin: float = 0.05, min_gain: float = 0.001, prior_sigma: float = 0.15,
                  rerun_cost: float = 0.1, seed: int = 0):
         super().__init__(encoding, seed)
         prior = np.asarray(scorer.predict_log_time(problem, list(encoding.candidates)), float)
@@ -251,17 +276,6 @@ def quack_list(arch: str) -> list[KernelConfig]:
     return list(quack_sm90_list())
 
 
-def nvmmh_list(problem: GemmProblem, candidates: Sequence[KernelConfig], top_k: int) -> list[KernelConfig]:
-    """nvMatmulHeuristics' picks, best estimate first (models.heuristics.nvmmh_picks), each
-    mapped to the nearest candidate when it breaks a rule of our space; the first ``top_k``
-    distinct ones."""
-    from cutetune.models.heuristics import nearest, nvmmh_picks
-
-    index = {c.short() for c in candidates}
-    mapped = [c if c.short() in index else nearest(candidates, c) for c in nvmmh_picks(problem)]
-    return list(dict.fromkeys(mapped))[:top_k]
-
-
 # ---------------------------------------------------------------- factory
 def make_sampler(strategy: str, problem: GemmProblem, encoding: SpaceEncoding, *, seed: int = 0,
                  scorer: Scorer | None = None, nvmmh_top_k: int = NVMMH_TOP_K,
@@ -271,20 +285,25 @@ def make_sampler(strategy: str, problem: GemmProblem, encoding: SpaceEncoding, *
         if scorer is None:
             raise ValueError("the model strategy needs a cost model (scorer)")
         return ModelGuidedSampler(encoding, problem, scorer, seed=seed, **model_options)
-    if strategy == "tpe":
-        with warnings.catch_warnings():  # multivariate TPE is flagged experimental
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
     if strategy == "random":
         return RandomSampler(seed=seed)
-    if strategy == "cmaes":
-        # with_margin keeps CMA-ES from collapsing onto one value of an integer axis.
-        return optuna.samplers.CmaEsSampler(seed=seed, with_margin=True,
-                                            warn_independent_sampling=False)
+    with warnings.catch_warnings():  # multivariate TPE and CMA-ES with margin are "experimental"
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if strategy == "tpe":
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
+        if strategy == "cmaes":
+            # with_margin keeps CMA-ES from collapsing onto one value of an integer axis.
+            return optuna.samplers.CmaEsSampler(seed=seed, with_margin=True,
+                                                warn_independent_sampling=False)
     if strategy == "exhaustive":
         return ListSampler(encoding, encoding.candidates, seed)
     if strategy == "quack44":
         return ListSampler(encoding, quack_list(problem.arch), seed)
     if strategy == "nvmmh":
-        return ListSampler(encoding, nvmmh_list(problem, encoding.candidates, nvmmh_top_k), seed)
+        # nvMatmulHeuristics' picks, best estimate first, each mapped to the nearest valid
+        # config of the problem (models.heuristics); the first top-k of the candidates.
+        from cutetune.models.heuristics import nvmmh_valid_picks
+
+        picks = [c for c in nvmmh_valid_picks(problem) if c.short() in encoding.index]
+        return ListSampler(encoding, picks[:nvmmh_top_k], seed)
     raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")

@@ -27,7 +27,7 @@ from cutetune.space.problem import GemmProblem
 
 from .backends import BenchmarkBackend, GpuBackend, ReplayBackend
 from .strategies import (ATTR_KEY, ATTR_STATUS, ATTR_TIME, STRATEGIES, ModelGuidedSampler,
-                         ProposingSampler, SpaceEncoding, make_sampler)
+                         ProposingSampler, RankedTimes, SpaceEncoding, make_sampler)
 
 DEFAULT_TRIALS = {"model": 64, "tpe": 64, "random": 64, "cmaes": 64}
 # A stochastic sampler that keeps proposing measured configs has converged; stop it after
@@ -107,7 +107,8 @@ def _history(study: optuna.Study) -> dict[str, tuple[str, float | None]]:
     out = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
         if ATTR_KEY in t.user_attrs:
-            out[t.user_attrs[ATTR_KEY]] = (t.user_attrs.get(ATTR_STATUS, ""), t.user_attrs.get(ATTR_TIME))
+            a = t.user_attrs
+            out[a[ATTR_KEY]] = (a.get(ATTR_STATUS, ""), a.get(ATTR_TIME))
     return out
 
 
@@ -130,8 +131,8 @@ def tune_study(study: optuna.Study, sampler: optuna.samplers.BaseSampler, proble
     earlier = {k: t for k, (s, t) in memo.items() if s == "ok"}
     built: set[KernelConfig] = set()
     steps: list[Step] = []
-    repeats, cost, reason = 0, 0.0, ""
-    while not reason:
+    repeats, cost = 0, 0.0
+    while True:
         reason = _spent(budget, len(steps), len(built), cost)
         if reason:
             break
@@ -146,13 +147,15 @@ def tune_study(study: optuna.Study, sampler: optuna.samplers.BaseSampler, proble
             repeats += 1
         else:
             m = backend.measure(problem, [config])[0]
-            status, time_ms, compile_s, bench_s, reused = m.status, m.time_ms, m.compile_s, m.bench_s, False
+            status, time_ms, compile_s, bench_s = m.status, m.time_ms, m.compile_s, m.bench_s
+            reused = False
             memo[key] = (status, time_ms)
             repeats = 0
             if on_measure is not None:
                 on_measure(m)
         new_kernel = not reused and config.compile_key() not in built
-        built.add(config.compile_key())
+        if new_kernel:
+            built.add(config.compile_key())
         cost += compile_s + bench_s
         for name, value in ((ATTR_KEY, key), (ATTR_STATUS, status), (ATTR_TIME, time_ms),
                             ("compile_s", compile_s), ("bench_s", bench_s), ("reused", reused)):
@@ -166,6 +169,7 @@ def tune_study(study: optuna.Study, sampler: optuna.samplers.BaseSampler, proble
                           new_kernel, reused))
         if repeats >= MAX_REPEATS:
             reason = f"the sampler proposed {MAX_REPEATS} measured configs in a row"
+            break
     return TuneResult(problem, tuple(steps), reason, earlier)
 
 
@@ -187,7 +191,7 @@ def open_study(problem: GemmProblem, encoding: SpaceEncoding, sampler, storage, 
 # ---------------------------------------------------------------- CLI
 def _gpu_backend() -> GpuBackend:
     try:
-        from .measure import measure_configs
+        from .gpu_session import measure_configs
     except ImportError as e:
         raise ValueError(f"the GPU backend is not available here ({e})") from None
     return GpuBackend(measure_configs)
@@ -207,10 +211,14 @@ def _scorer(args, problem: GemmProblem):
     except ImportError as e:
         raise ValueError(f"the model strategy needs a trained cost model, and cutetune.models "
                          f"cannot load one here ({e})") from None
-    return load_model(args.model, arch=problem.arch, dtype=problem.dtype)
+    return RankedTimes(load_model(args.model, arch=problem.arch, dtype=problem.dtype))
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.workers > 1:  # several processes on one study: Optuna shares it through storage
+        from .fleet import run_pinned
+
+        return run_pinned(run, args)
     problem = GemmProblem(m=args.m, n=args.n, k=args.k, batch=args.batch, dtype=args.dtype,
                           out_dtype=args.out_dtype or args.dtype, a_major=args.a_major,
                           b_major=args.b_major, arch=args.arch)
@@ -218,9 +226,10 @@ def run(args: argparse.Namespace) -> int:
     candidates = enumerate_configs(problem.arch, problem)
     if kind == "replay":
         recorded = {c.short() for c in backend.configs(problem)}
+        if not recorded:
+            raise ValueError(f"the replayed dataset has no measurements of {problem.key()} "
+                             f"({len(backend.problems())} problems recorded)")
         candidates = [c for c in candidates if c.short() in recorded]
-        if not candidates:
-            raise ValueError(f"the replayed dataset has no valid config of {problem.key()}")
     encoding = SpaceEncoding(candidates)
     scorer = _scorer(args, problem) if args.strategy == "model" else None
     model_options = {k: v for k, v in (("margin", args.margin), ("min_gain", args.min_gain))
@@ -252,7 +261,8 @@ def _print_result(r: TuneResult, args, name: str, kind: str, n_candidates: int, 
     bench_s = sum(s.bench_s for s in r.steps)
     charged = "estimated from recorded costs" if kind == "replay" else "measured"
     print(f"problem   {r.problem.key()}  ({n_candidates} valid configs)")
-    print(f"study     {name}  [{args.strategy}, {kind}]  {len(r.earlier)} ok configs from earlier runs")
+    print(f"study     {name}  [{args.strategy}, {kind}]  "
+          f"{len(r.earlier)} ok configs from earlier runs")
     print(f"this run  {measured} configs measured, {r.kernels} kernels built; "
           f"{compile_s:.1f} s compile + {bench_s:.1f} s benchmark ({charged})")
     print(f"stopped   {r.stop_reason}")
@@ -281,6 +291,9 @@ def register(subparsers) -> None:
     p.add_argument("--b-major", default="k", choices=("k", "n"))
     p.add_argument("--arch", default="sm90")
     p.add_argument("--strategy", default="model", choices=STRATEGIES)
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes tuning one study together; worker i pinned to visible GPU "
+                        "i mod count, seeded --seed + i")
     p.add_argument("--trials", type=int, default=None,
                    help="most trials this run (default 64 for model/tpe/random/cmaes; "
                         "the whole list for exhaustive/quack44/nvmmh)")
