@@ -15,33 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from bench_features import SHAPES, cpu_name  # scripts/ is on sys.path when run as a script
 
 from cutetune.models import load_model
 from cutetune.space import GemmProblem
 
 TARGET_MS = 10.0
 TOP_K = 32
-SHAPES = (
-    dict(m=4096, n=4096, k=4096),
-    dict(m=16, n=8192, k=8192),
-    dict(m=8192, n=1024, k=28672, a_major="m"),
-    dict(m=1000, n=1000, k=64, batch=8),
-)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

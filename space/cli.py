@@ -49,15 +49,15 @@ def _print(obj) -> None:
 def _table(rows: list[dict], columns: list[str]) -> str:
     cells = [[str(r[c]) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- show
 def cmd_show(args) -> int:
     arch = check_arch(args.arch)
-    if args.limit is not None and args.limit < 0:
+    if args.limit < 0:
         raise ValueError(f"--limit must be >= 0, got {args.limit}")
     problem = _problem(args)
     rules = [r for r in CONFIG_RULES + PROBLEM_RULES if arch in r.arches]
@@ -65,7 +65,7 @@ def cmd_show(args) -> int:
                  "rules": [_rule_dict(r) for r in rules]}
     if problem is not None:
         configs = enumerate_configs(arch, problem)
-        shown = configs if args.limit is None else configs[: args.limit]
+        shown = configs[: args.limit] if args.limit else configs
         out["problem"] = problem.to_dict()
         out["valid_configs"] = len(configs)
         out["configs"] = [_config_row(c) for c in shown]
@@ -120,8 +120,6 @@ def cmd_count(args) -> int:
 
 # ---------------------------------------------------------------- check
 def cmd_check(args) -> int:
-    from cutetune.tuner.space_check import run_check  # compiles: needs quack, not a GPU
-
     arch = check_arch(args.arch)
     for name in ("sample", "workers"):
         v = getattr(args, name)
@@ -132,6 +130,7 @@ def cmd_check(args) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and not out.parent.is_dir():
         raise FileNotFoundError(f"--out folder {out.parent} does not exist")
+    from cutetune.tuner.space_check import run_check  # compiles: needs quack, not a GPU
 
     def progress(done: int, r) -> None:
         if not args.quiet:
@@ -154,8 +153,9 @@ def cmd_check(args) -> int:
               f"{s['configs_per_minute']} configs/min with {report['workers']} workers")
         if s["ok"]:
             print(f"compile seconds: p50 {s['compile_s_p50']}  p90 {s['compile_s_p90']}  "
-                  f"max {s['compile_s_max']}; all {report['valid_kernels']} kernels on 16 "
-                  f"cores: ~{s['projected_minutes_all_kernels_16_cores']} min")
+                  f"max {s['compile_s_max']} (CPU p50 {s['cpu_s_p50']}); all "
+                  f"{report['valid_kernels']} kernels on 16 cores: "
+                  f"~{s['projected_minutes_all_kernels_16_cores']} min")
         for f in report["failures"]:
             print(f"FAILED {f['config_key']} ({f['status']}): {f.get('error', '')[:300]}")
         if "rejected" in report:
@@ -197,8 +197,8 @@ def register(subparsers) -> None:
         "given --m --n --k, also the valid configs for that problem.")
     show.add_argument("--arch", default="sm90", help=ARCH_HELP + " (default sm90)")
     _add_problem_args(show)
-    show.add_argument("--limit", type=int, default=20,
-                      help="list at most this many configs (default 20; the count is exact)")
+    show.add_argument("--limit", type=int, default=20, metavar="N",
+                      help="list at most N configs (default 20, 0 for all; the count is exact)")
     show.add_argument("--json", action="store_true", help="print JSON instead of text")
     show.set_defaults(func=cmd_show)
 
@@ -218,19 +218,19 @@ def register(subparsers) -> None:
         "grid points the rules reject, to see per rule whether the compiler agrees. Exits 1 "
         "when a valid config fails to compile.")
     check.add_argument("--arch", default="sm90", help=ARCH_HELP + " (default sm90)")
-    check.add_argument("--sample", type=int,
+    check.add_argument("--sample", type=int, metavar="N",
                        help="compile this many distinct valid kernels (default: all of them)")
-    check.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    check.add_argument("--workers", type=int, default=2,
+    check.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
+    check.add_argument("--workers", type=int, default=2, metavar="W",
                        help="compile processes (default 2; one per core is right)")
     check.add_argument("--rejected", type=int, default=0, metavar="R",
                        help="also compile R grid points the rules reject (default 0)")
-    check.add_argument("--cache-dir",
+    check.add_argument("--cache-dir", metavar="DIR",
                        help="quack kernel cache to fill (default: a fresh temporary one, so "
                        "every kernel is compiled from scratch)")
-    check.add_argument("--timeout", type=float, default=300.0,
+    check.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                        help="seconds before one compile counts as hung (default 300)")
-    check.add_argument("--out", help="write the full JSON report to this file")
+    check.add_argument("--out", metavar="FILE", help="write the full JSON report to this file")
     check.add_argument("--quiet", action="store_true", help="no per-config progress on stderr")
     check.add_argument("--json", action="store_true",
                        help="print the report (less per-config results) as JSON")

@@ -140,9 +140,11 @@ def sm100_tile_m(c: KernelConfig, arch: str) -> bool:
 @_rule("sm100")
 def sm100_tile_n(c: KernelConfig, arch: str) -> bool:
     """sm100 MMA tile N must be a multiple of 16 from 16 to 256 (the tcgen05 N range for 16-bit
-    operands). Wider tiles (quack ships one 256x512) are a design choice left out: they take two
-    MMAs per k-block and all 512 TMEM columns for the fp32 accumulator, leaving no second
-    accumulator stage to overlap the epilogue; the compiler accepts them."""
+    operands). Wider tiles (quack ships one 256x512) are left out: they take two MMAs per
+    k-block and all 512 TMEM columns for the fp32 accumulator, leaving no second accumulator
+    stage to overlap the epilogue, and the compiler is unreliable on them: tile_n 512 with
+    tile_m 128 and an even cluster_m (the 2-CTA MMA) kills cute.compile with SIGFPE, while
+    other tile_n 512 shapes compile."""
     return c.tile_n % 16 == 0 and 16 <= c.tile_n <= 256
 
 

@@ -8,8 +8,9 @@ import pytest
 
 from cutetune.space import KernelConfig, compile_keys, enumerate_configs, is_valid
 from cutetune.space.rules import CONFIG_RULES
-from cutetune.tuner.space_check import (CompileResult, compile_configs, pick_rejected,
-                                        pick_valid, rule_verdicts, run_check, summarize)
+from cutetune.tuner.space_check import (CompileResult, compile_configs, compile_pool,
+                                        pick_rejected, pick_valid, rule_verdicts, run_check,
+                                        summarize)
 
 
 # ---------------------------------------------------------------- pure parts
@@ -45,9 +46,9 @@ def test_summarize_quantiles_and_failures():
 
 def test_rule_verdicts_attribute_only_single_rule_points():
     c = KernelConfig()
-    results = [CompileResult(c, "error", 0.1, "x", ("sm90_tile_n",)),
-               CompileResult(c, "ok", 1.0, "", ("split_k_design",)),
-               CompileResult(c, "ok", 1.0, "", ("split_k_design", "cluster_shape"))]
+    results = [CompileResult(c, "error", 0.1, "x", broken_rules=("sm90_tile_n",)),
+               CompileResult(c, "ok", 1.0, broken_rules=("split_k_design",)),
+               CompileResult(c, "ok", 1.0, broken_rules=("split_k_design", "cluster_shape"))]
     v = rule_verdicts("sm90", results)
     assert v["sm90_tile_n"]["verdict"] == "compiler agrees"
     assert v["split_k_design"]["verdict"].startswith("compiler accepts")
@@ -74,8 +75,10 @@ def test_invalid_config_fails_without_killing_the_run(tmp_path):
     good = [KernelConfig(128, 128, True, 1, 1), KernelConfig(64, 64, False, 2, 1, True)]
     bad = KernelConfig(128, 8, True, 1, 1)  # tile N 8: GemmSm90 requires a multiple of 16
     assert not is_valid(bad, "sm90")
-    results = compile_configs("sm90", [good[0], bad, good[1]], workers=2,
-                              cache_dir=str(tmp_path))
+    with compile_pool("sm90", str(tmp_path), workers=1) as pool:  # one worker sees it all
+        results = compile_configs(pool, "sm90", [good[0], bad, good[1]])
+        again = compile_configs(pool, "sm90", [KernelConfig(64, 128, True, 1, 2)])
+    assert again[0].ok
     assert [r.status for r in results] == ["ok", "error", "ok"]
     assert "tile shape N" in results[1].error
     assert [r.config for r in results] == [good[0], bad, good[1]]

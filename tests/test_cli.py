@@ -1,0 +1,134 @@
+"""`cutetune space ...`: outputs and the user-error paths (exit 2, one line, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cutetune.cli import main
+from cutetune.space import enumerate_configs
+from cutetune.space.cli import space_counts
+from cutetune.space.enumerate import AXES
+from cutetune.space.problem import GemmProblem
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_show_text_lists_axes_and_rules_with_reasons(capsys):
+    rc, out, _ = run(capsys, "space", "show", "--arch", "sm100")
+    assert rc == 0
+    assert "arch sm100" in out and "tile_n" in out and "512" in out
+    assert "sm100_tile_m:" in out and "2-CTA" in out  # the rule's reason, from its docstring
+    assert "sm90_tile_m" not in out  # only the arch's own rules
+
+
+def test_show_json_with_problem_and_limit(capsys):
+    rc, out, _ = run(capsys, "space", "show", "--arch", "sm90", "--m", "128", "--n", "4096",
+                     "--k", "256", "--limit", "3", "--json")
+    assert rc == 0
+    d = json.loads(out)
+    p = GemmProblem(128, 4096, 256)
+    assert d["problem"] == p.to_dict()
+    assert d["valid_configs"] == len(enumerate_configs("sm90", p)) < len(enumerate_configs("sm90"))
+    assert [c["config_key"] for c in d["configs"]] == [
+        c.short() for c in enumerate_configs("sm90", p)[:3]]
+    assert d["axes"]["tile_m"] == list(AXES["sm90"]["tile_m"])
+    assert {"split_k_has_k_tiles", "sm90_tile_n"} <= {r["name"] for r in d["rules"]}
+
+
+def test_show_limit_0_lists_all(capsys):
+    rc, out, _ = run(capsys, "space", "show", "--m", "64", "--n", "64", "--k", "128",
+                     "--limit", "0", "--json")
+    d = json.loads(out)
+    assert rc == 0 and len(d["configs"]) == d["valid_configs"] > 20
+
+
+def test_show_table_for_problem(capsys):
+    rc, out, _ = run(capsys, "space", "show", "--m", "4096", "--n", "4096", "--k", "4096",
+                     "--dtype", "fp16", "--a-major", "m", "--limit", "2")
+    assert rc == 0
+    assert "2400 valid configs for sm90:fp16->fp16:mk:b1:m4096:n4096:k4096 (first 2)" in out
+    table = out.split("(first 2):\n")[1].splitlines()
+    assert table[0].split()[:3] == ["config_key", "tile_m", "tile_n"] and len(table) == 3
+
+
+def test_count_json_matches_enumeration(capsys):
+    rc, out, _ = run(capsys, "space", "count", "--json")
+    assert rc == 0
+    d = {c["arch"]: c for c in json.loads(out)}
+    assert d["sm90"]["valid_configs"] == 2400 and d["sm90"]["valid_kernels"] == 1200
+    assert d["sm100"]["valid_configs"] == 1944 and d["sm100"]["valid_kernels"] == 972
+    assert d["sm100"] == space_counts("sm100")
+    assert all(v["rejects_alone"] > 0 for c in d.values() for v in c["rules"].values())
+
+
+def test_count_text_one_arch(capsys):
+    rc, out, _ = run(capsys, "space", "count", "--arch", "sm100")
+    assert rc == 0
+    assert out.startswith("sm100: 1944 valid configs, 972 distinct compiled kernels")
+    assert "sm90" not in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["space", "show", "--arch", "sm80"], ["unknown arch 'sm80'", "sm90"]),
+    (["space", "count", "--arch", "h100"], ["unknown arch 'h100'"]),
+    (["space", "check", "--arch", "sm80"], ["unknown arch 'sm80'"]),
+    (["space", "show", "--m", "128", "--n", "128"], ["--k"]),
+    (["space", "show", "--m", "0", "--n", "128", "--k", "128"], ["m must be a positive"]),
+    (["space", "show", "--m", "128", "--n", "128", "--k", "100"], ["K=100", "multiple of 8"]),
+    (["space", "show", "--m", "128", "--n", "100", "--k", "128"], ["N=100"]),
+    (["space", "show", "--m", "128", "--n", "128", "--k", "128", "--dtype", "int8"],
+     ["unsupported dtype 'int8'"]),
+    (["space", "show", "--m", "64", "--n", "64", "--k", "64", "--b-major", "m"], ["b_major"]),
+    (["space", "show", "--limit", "-1"], ["--limit"]),
+    (["space", "check", "--sample", "0"], ["--sample must be >= 1"]),
+    (["space", "check", "--workers", "0"], ["--workers must be >= 1"]),
+    (["space", "check", "--rejected", "-1"], ["--rejected"]),
+    (["space", "check", "--out", "/nonexistent/dir/x.json"], ["/nonexistent/dir"]),
+])
+def test_user_errors_exit_2_with_one_line(capsys, argv, words):
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cutetune space: error: "), err
+    for w in words:
+        assert w in lines[0]
+
+
+def test_help_texts(capsys):
+    for argv in (["space", "--help"], ["space", "check", "--help"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "show" in out and "count" in out and "--rejected" in out and "sm_90a" in out
+
+
+def test_entry_point_runs_without_traceback():
+    """The real process: a user mistake prints one line and exits 2."""
+    r = subprocess.run([sys.executable, "-m", "cutetune", "space", "show", "--arch", "sm80"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == ("cutetune space: error: unknown arch 'sm80'; "
+                                "supported: sm90, sm100")
+
+
+@pytest.mark.compile
+def test_check_writes_report(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc, text, err = run(capsys, "space", "check", "--arch", "sm100", "--sample", "2",
+                        "--seed", "1", "--rejected", "1", "--workers", "1", "--out", str(out))
+    assert rc == 0, err
+    report = json.loads(out.read_text())
+    assert report["arch"] == "sm100" and report["sample"] == 2
+    assert report["summary"]["failed"] == 0 and len(report["results"]) == 2
+    assert report["rejected"]["tried"] == 1
+    assert "compiled 2 of 972 valid kernels for sm_100a: 2 ok, 0 failed" in text
+    assert err.count("\n") == 2  # one progress line per valid config
