@@ -348,25 +348,6 @@ def plot(res: dict, path: Path) -> None:
 
 
 # ================================================================ CPU: heuristics timing
-class StandInModel:
-    """Timing-only stand-in for a cost model when no heuristics file exists yet: eight
-    distinct valid configs per cell picked by hashing the shape, so the table has the size and
-    spread of a real one. Its picks mean nothing."""
-
-    def __init__(self, arch: str):
-        from cutetune.space.enumerate import enumerate_configs
-
-        self.configs = enumerate_configs(arch)
-
-    def rank(self, problem, configs=None, top_k=None):
-        h = hash((problem.m, problem.n, problem.k, problem.a_major == "k", problem.b_major == "k"))
-        n = len(self.configs)
-        return [(self.configs[(h + 97 * i) % n], float(i)) for i in range(top_k or 8)]
-
-    def prefers_cublas(self, problem):
-        return problem.m * problem.n * problem.k < 2 ** 24
-
-
 def run_cpu(args) -> dict:
     from cutetune.space.problem import GemmProblem
     from cutetune.tuner import heuristics as hz
@@ -374,14 +355,8 @@ def run_cpu(args) -> dict:
 
     if args.heuristics:
         path, source = Path(args.heuristics), "given file"
-    elif hz.default_path("sm90", "bf16").exists():
-        path, source = hz.default_path("sm90", "bf16"), "packaged file"
     else:
-        path = Path(tempfile.mkdtemp()) / "standin.json"
-        t0 = time.perf_counter()
-        hz.build(StandInModel("sm90"), "sm90", "bf16").save(path)
-        source = (f"stand-in table built in {time.perf_counter() - t0:.1f} s (not a trained "
-                  f"model: its contents are meaningless, its size and layout are real)")
+        path, source = hz.default_path("sm90", "bf16"), "packaged file"
     loads = []  # the first is the one a compile pays (nothing of the file cached in-process)
     for _ in range(20):
         t0 = time.perf_counter()
