@@ -65,7 +65,7 @@ def test_collect_isolates_failures_and_resumes(tmp_path, monkeypatch):
     problems = [("t", GemmProblem(256, 512, 1024)), ("t", GemmProblem(64, 1024, 512))]
     out = tmp_path / "ds"
     # the hang is cut short by a small per-task timeout
-    monkeypatch.setattr("cutetune.tuner.collect.IsolatedPool",
+    monkeypatch.setattr("cutetune.tuner.executor.IsolatedPool",
                         _with_timeout(IsolatedPool, 8.0))
     stats = collect(problems, str(cfg_file), str(out), compile_workers=2,
                     cache_dir=str(tmp_path / "cache"), measure_fn=fake_measure,
@@ -114,7 +114,7 @@ def test_dataset_append_is_atomic_and_checked(tmp_path):
 def test_tuner_gpu_session_reuses_its_workers(tmp_path, monkeypatch):
     """measure_configs keeps one executor: the second call compiles nothing again."""
     from cutetune.tuner import gpu_session
-    from cutetune.tuner.fleet import GpuExecutor
+    from cutetune.tuner.executor import GpuExecutor
     from cutetune.tuner.measure import TimingPolicy
 
     compiled = []

@@ -27,6 +27,7 @@ from cutetune import dataset
 from cutetune.space import GemmProblem, KernelConfig
 from cutetune.tuner import fleet
 from cutetune.tuner.collect import configs_for, load_problems
+from cutetune.tuner.executor import GpuExecutor
 from test_collect import COMPILE_FAIL_TILE_N, CRASH_TILE_N, fake_compile, fake_init, fake_measure
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,8 +114,8 @@ def test_gpu_executor_isolates_failures(tmp_path):
                for n in (16, COMPILE_FAIL_TILE_N, CRASH_TILE_N, 64, 128)]
     items = [fleet.WorkItem(f"i{j}", "t", GemmProblem(256 * (j + 1), 512, 1024),
                             tuple(range(len(configs))), True, "") for j in range(2)]
-    ex = fleet.GpuExecutor("sm90", str(tmp_path / "cache"), 1, fleet.TimingPolicy(),
-                           measure_fn=fake_measure, gpu_init=fake_init, compile_fn=fake_compile)
+    ex = GpuExecutor("sm90", str(tmp_path / "cache"), 1, fleet.TimingPolicy(),
+                     measure_fn=fake_measure, gpu_init=fake_init, compile_fn=fake_compile)
     try:
         for j, it in enumerate(items):
             ex.submit(100 + j, it, configs)
@@ -123,7 +124,7 @@ def test_gpu_executor_isolates_failures(tmp_path):
             done += ex.poll(0.5)
     finally:
         ex.close()
-    assert sorted(d.trial_id for d in done) == [100, 101]
+    assert sorted(d.job_id for d in done) == [100, 101]
     for d in done:
         status = {(r["backend"], r.get("tile_n")): r["status"] for r in d.rows}
         assert len(d.rows) == len(configs) + 1 and not d.error

@@ -24,12 +24,11 @@ from cutetune.space.enumerate import enumerate_configs
 from cutetune.space.problem import GemmProblem
 from cutetune.space.suites import suite
 
-from .compile import compile_kernel, configure_gpu_blind, kernel_cache_dir
-from .measure import MeasureTask, TimingPolicy, init_gpu_worker, measure
-from .workers import IsolatedPool
+from .compile import kernel_cache_dir
+from .executor import GpuExecutor, Measure, compile_task
+from .measure import TimingPolicy, init_gpu_worker, measure
 
-CHUNK = 256           # configs per GPU task: bounds the work lost to a crash
-LOAD_COMPILED_S = 0.5  # a kernel load slower than this was compiled in-process (cache miss)
+CHUNK = 256  # configs per request: bounds the work a crash sends back to one-at-a-time
 
 
 def load_problems(spec: str, dtype: str, arch: str, seed: int) -> list[tuple[str, GemmProblem]]:
@@ -63,35 +62,20 @@ def configs_for(problem: GemmProblem, spec: str, seed: int) -> list[KernelConfig
     return [KernelConfig.from_dict(d) for d in items]
 
 
-def signature_class(problem: GemmProblem, config: KernelConfig) -> tuple:
-    """Everything a compiled kernel depends on: problems of one class share kernels."""
-    return (problem.arch, problem.dtype, problem.out_dtype, problem.a_major, problem.b_major,
-            problem.batch > 1, config.compile_key())
-
-
-def _compile_task(task):
-    problem, config = task
-    return compile_kernel(problem, config)
-
-
 @dataclass
 class Progress:
     started: float = field(default_factory=time.monotonic)
-    compiled: int = 0
-    compile_failed: int = 0
     measured: int = 0
     by_status: dict = field(default_factory=lambda: defaultdict(int))
-    cache_misses: int = 0
-    compile_wall_s: float = 0.0  # when the last kernel finished compiling
-    gpu_busy_s: float = 0.0
     last_print: float = 0.0
 
-    def line(self, pending: int, kernels_left: int) -> str:
+    def line(self, pending: int, ex: GpuExecutor) -> str:
         mins = (time.monotonic() - self.started) / 60
-        return (f"[{mins * 60:6.0f}s] measured {self.measured} ({self.measured / max(mins, 1e-9):.0f}/min), "
-                f"pending {pending}, kernels compiled {self.compiled} "
-                f"({self.compiled / max(mins, 1e-9):.0f}/min), failed {self.compile_failed}, "
-                f"left {kernels_left}; status {dict(self.by_status)}")
+        c = ex.counters
+        return (f"[{mins * 60:6.0f}s] measured {self.measured} "
+                f"({self.measured / max(mins, 1e-9):.0f}/min), pending {pending}, kernels "
+                f"compiled {c.compiled} ({c.compiled / max(mins, 1e-9):.0f}/min), failed "
+                f"{c.compile_failed}, left {ex.kernels_left}; status {dict(self.by_status)}")
 
 
 def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget_s: float = 1e9,
@@ -102,158 +86,72 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
 
     ``measure_fn(MeasureTask) -> rows``, run in a worker set up by ``gpu_init(cache_dir)``, and
     ``compile_fn((problem, config)) -> seconds``, run in GPU-blind workers, are the two edges
-    to the hardware; tests swap them to exercise scheduling, isolation and resume.
+    to the hardware (see tuner.executor); tests swap them to exercise scheduling, isolation
+    and resume. Past ``time_budget_s`` no new GPU task starts; the one running finishes.
     """
     done = dataset.done_keys(out)
     arches = {p.arch for _, p in problems}
     if len(arches) != 1:
         raise ValueError(f"one collect run measures one arch; got {sorted(arches)}")
     arch = arches.pop()
-    # Pending work as (config, kernel id) per problem; kernels are numbered in the order the
-    # problems need them, so whole problems become measurable while the rest still compiles.
-    kernel_ids: dict[tuple, int] = {}
-    kernels: list[tuple[GemmProblem, KernelConfig]] = []
-    pending: dict[GemmProblem, list[tuple[KernelConfig, int]]] = {}
-    suites: dict[GemmProblem, str] = {}
-    need_cublas: set[GemmProblem] = set()
+    # Requests of at most CHUNK configs, problem after problem: kernels compile in that order,
+    # so whole problems become measurable while the rest still compile, and consecutive GPU
+    # tasks reuse the problem's operand buffers.
+    requests: list[tuple[Measure, list[KernelConfig]]] = []
+    seen: set[GemmProblem] = set()
     for name, p in problems:
-        if p in suites:
+        if p in seen:
             continue
-        suites[p] = name
-        for c in configs_for(p, configs_spec, seed):
-            if (p.key(), "quack", c.short()) in done:
-                continue
-            cls = signature_class(p, c)
-            if cls not in kernel_ids:
-                kernel_ids[cls] = len(kernels)
-                kernels.append((p, c))
-            pending.setdefault(p, []).append((c, kernel_ids[cls]))
-        if (p.key(), "cublas", "") not in done:
-            need_cublas.add(p)
-    total = sum(map(len, pending.values()))
-    print(f"collect: {len(pending)} problems with {total} pending measurements, "
-          f"{len(kernels)} kernels to compile or load, {len(need_cublas)} cuBLAS baselines",
-          file=sys.stderr)
+        seen.add(p)
+        todo = [c for c in configs_for(p, configs_spec, seed)
+                if (p.key(), "quack", c.short()) not in done]
+        cublas = (p.key(), "cublas", "") not in done
+        for i in range(0, max(len(todo), 1), CHUNK):
+            if todo[i:i + CHUNK] or cublas:
+                requests.append((Measure(p, name, cublas and i == 0), todo[i:i + CHUNK]))
+    total = sum(len(cs) for _, cs in requests)
+    print(f"collect: {len(seen)} problems, {total} pending measurements in {len(requests)} "
+          f"requests", file=sys.stderr)
 
-    cache_dir = kernel_cache_dir(cache_dir)
     n_compile = compile_workers or max(1, (os.cpu_count() or 2) - 2)
-    compile_s: dict[int, float] = {}
-    compile_err: dict[int, str] = {}
     prog = Progress()
-    retry: list[MeasureTask] = []
-
-    def write(problem: GemmProblem, pairs, rows):
-        ids = {c.short(): kid for c, kid in pairs}
-        for r in rows:
-            if r["backend"] == "quack":
-                load_s = r.pop("load_s", None) or 0.0
-                if load_s > LOAD_COMPILED_S:
-                    prog.cache_misses += 1
-                r["compile_s"] = compile_s.get(ids[r["config_key"]], load_s)
-            prog.by_status[r["status"]] += 1
-        dataset.append(out, rows)
-        prog.measured += len(rows)
-
-    def failed_rows(p, pairs, status, error):
-        return [{**p.to_dict(), **c.to_dict(), "problem_key": p.key(), "suite": suites[p],
-                 "backend": "quack", "config_key": c.short(), "status": status, "error": error,
-                 "timestamp": time.time(), "compile_s": compile_s.get(kid)}
-                for c, kid in pairs]
-
-    def take(problem, pairs) -> None:
-        taken = {c for c, _ in pairs}
-        left = [x for x in pending[problem] if x[0] not in taken]
-        if left:
-            pending[problem] = left
-        else:
-            del pending[problem]
-
-    def next_task(current, compiling: bool) -> MeasureTask | None:
-        if retry:
-            return retry.pop()
-        ready = {p: [x for x in xs if x[1] in compile_s] for p, xs in pending.items()}
-        ready = {p: xs for p, xs in ready.items() if xs}
-        # Stay on the problem whose buffers the GPU worker holds while it has ready work,
-        # else the one with most ready configs; while kernels still compile, wait for a
-        # problem that is complete or has a full chunk rather than switching problems often.
-        full = [p for p, xs in ready.items() if len(xs) >= min(CHUNK, len(pending[p]))]
-        pick = current if current in ready else max(full or (ready if not compiling else []),
-                                                     key=lambda p: len(ready[p]), default=None)
-        if pick is None:
-            if need_cublas and not compiling:
-                p = need_cublas.pop()
-                return MeasureTask(p, suites[p], (), True, policy)
-            return None
-        chunk = ready[pick][:CHUNK]
-        take(pick, chunk)
-        cublas = pick in need_cublas
-        need_cublas.discard(pick)
-        return MeasureTask(pick, suites[pick], tuple(c for c, _ in chunk), cublas, policy)
-
-    with IsolatedPool(compile_fn or _compile_task, n_compile, initializer=configure_gpu_blind,
-                      initargs=(arch, cache_dir), timeout_s=300) as cpool, \
-         IsolatedPool(measure_fn, 1, initializer=gpu_init, initargs=(cache_dir,),
-                      timeout_s=600) as gpool:
-        for kernel in kernels:
-            cpool.submit(kernel)
-        in_flight: dict[int, tuple[MeasureTask, list]] = {}
-        current = None
-        while pending or need_cublas or in_flight or retry:
-            over_budget = time.monotonic() - prog.started > time_budget_s
-            if over_budget and not in_flight:
+    pending = total
+    ex = GpuExecutor(arch, kernel_cache_dir(cache_dir), n_compile, policy,
+                     depth=max(1, len(requests)), measure_fn=measure_fn, gpu_init=gpu_init,
+                     compile_fn=compile_fn or compile_task)
+    try:
+        for i, (request, configs) in enumerate(requests):
+            ex.submit(i, request, configs)
+        left = len(requests)
+        while left:
+            within_budget = time.monotonic() - prog.started <= time_budget_s
+            if not within_budget and not ex.measuring:
                 break
-            failed_now = []
-            for r in cpool.poll(timeout=0.02 if in_flight else 0.2):
-                prog.compile_wall_s = time.monotonic() - prog.started
-                if r.status == "ok":
-                    compile_s[r.index] = r.value
-                    prog.compiled += 1
-                else:
-                    compile_err[r.index] = f"{r.status}: {r.error}"[:1000]
-                    prog.compile_failed += 1
-                    failed_now.append(r.index)
-            # Configs whose kernel failed to compile are recorded without touching the GPU.
-            for p in list(pending) if failed_now else ():
-                bad = [x for x in pending[p] if x[1] in compile_err]
-                if bad:
-                    take(p, bad)
-                    write(p, bad, failed_rows(p, bad, "compile_error", compile_err[bad[0][1]]))
-            if not in_flight and not over_budget:
-                task = next_task(current, cpool.outstanding > 0)
-                if task is not None:
-                    current = task.problem
-                    pairs = [(c, kernel_ids[signature_class(task.problem, c)]) for c in task.configs]
-                    in_flight[gpool.submit(task)] = (task, pairs)
-            for r in gpool.poll(timeout=0.02):
-                task, pairs = in_flight.pop(r.index)
-                prog.gpu_busy_s += r.seconds
-                if r.status == "ok":
-                    write(task.problem, pairs, r.value)
-                elif len(task.configs) > 1 or (task.configs and task.cublas):
-                    # Isolate the culprit: retry one config at a time.
-                    retry += [MeasureTask(task.problem, task.suite, (c,), False, task.policy)
-                              for c in task.configs]
-                    if task.cublas:
-                        retry.append(MeasureTask(task.problem, task.suite, (), True, task.policy))
-                elif task.configs:
-                    status = {"crash": "crash", "timeout": "timeout"}.get(r.status, "runtime_error")
-                    write(task.problem, pairs, failed_rows(task.problem, pairs, status, r.error))
+            for d in ex.poll(timeout=0.2, start=within_budget):
+                left -= 1
+                pending -= len(requests[d.job_id][1])
+                for r in d.rows:
+                    prog.by_status[r["status"]] += 1
+                dataset.append(out, d.rows)
+                prog.measured += len(d.rows)
             if time.monotonic() - prog.last_print > 10:
                 prog.last_print = time.monotonic()
-                print(prog.line(sum(map(len, pending.values())), cpool.outstanding),
-                      file=sys.stderr, flush=True)
+                print(prog.line(pending, ex), file=sys.stderr, flush=True)
+    finally:
+        ex.close()
     elapsed = time.monotonic() - prog.started
+    c = ex.counters
     stats = {
         "elapsed_s": elapsed, "measured": prog.measured, "by_status": dict(prog.by_status),
-        "kernels_compiled": prog.compiled, "kernels_failed": prog.compile_failed,
-        "compile_workers": n_compile, "compile_cpu_s": sum(compile_s.values()),
-        "compile_wall_s": prog.compile_wall_s,
+        "kernels_compiled": c.compiled, "kernels_failed": c.compile_failed,
+        "compile_workers": n_compile, "compile_cpu_s": sum(ex.compile_s.values()),
+        "compile_wall_s": c.compile_wall_s,
         "measurements_per_min": prog.measured / elapsed * 60,
-        "kernels_compiled_per_min": prog.compiled / elapsed * 60,
-        "gpu_busy_fraction": prog.gpu_busy_s / elapsed, "cache_misses": prog.cache_misses,
-        "left_pending": sum(map(len, pending.values())), "time_budget_s": time_budget_s,
+        "kernels_compiled_per_min": c.compiled / elapsed * 60,
+        "gpu_busy_fraction": c.gpu_busy_s / elapsed, "cache_misses": c.cache_misses,
+        "left_pending": pending, "time_budget_s": time_budget_s,
     }
-    print(prog.line(stats["left_pending"], 0), file=sys.stderr)
+    print(prog.line(pending, ex), file=sys.stderr)
     print(json.dumps(stats, indent=1), file=sys.stderr)
     if stats_path:
         Path(stats_path).parent.mkdir(parents=True, exist_ok=True)

@@ -47,10 +47,10 @@ from cutetune import dataset
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
 
-from .collect import CHUNK, _compile_task, configs_for, load_problems, signature_class
-from .compile import configure_gpu_blind, kernel_cache_dir
-from .measure import MeasureTask, TimingPolicy, init_gpu_worker, measure
-from .workers import IsolatedPool
+from .collect import CHUNK, configs_for, load_problems
+from .compile import kernel_cache_dir
+from .executor import Done, GpuExecutor
+from .measure import TimingPolicy
 
 PLAN_ATTR = "cutetune_plan"
 ITEM_ATTR, ROWS_ATTR, WORKER_ATTR, ERROR_ATTR = "item", "rows_z", "worker", "error"
@@ -351,13 +351,6 @@ def decode_rows(text: str) -> list[dict]:
 
 
 # ---------------------------------------------------------------- executors
-@dataclass(frozen=True)
-class Done:
-    trial_id: int
-    rows: list[dict]
-    error: str = ""  # set: the item could not be measured here (the trial fails)
-
-
 class Executor(Protocol):
     def room(self) -> bool: ...
     def submit(self, trial_id: int, item: WorkItem, configs: list[KernelConfig]) -> None: ...
@@ -407,110 +400,6 @@ class ReplayExecutor:
 
     def close(self) -> None:
         pass
-
-
-@dataclass
-class _Job:
-    trial_id: int
-    item: WorkItem
-    kernels: dict[KernelConfig, int]  # config -> compile task of its kernel
-    todo: list[MeasureTask] | None = None  # None until every kernel compiled or failed
-    running: int = 0
-    rows: list[dict] = field(default_factory=list)
-
-
-class GpuExecutor:
-    """Measures items on this process's GPU the way ``collect`` does: kernels compile in
-    GPU-blind CPU workers while the GPU measures the item before; a task that crashes or hangs
-    the GPU worker is retried one config at a time, and a config that still fails (or does
-    not compile) is recorded with that status. Holds up to ``depth`` items, so the next
-    items compile while one is measured."""
-
-    def __init__(self, arch: str, cache_dir: str, compile_workers: int, policy: TimingPolicy,
-                 *, depth: int = 3, measure_fn=measure, gpu_init=init_gpu_worker,
-                 compile_fn=_compile_task):
-        self.policy, self.depth = policy, depth
-        self.cpool = IsolatedPool(compile_fn, compile_workers, initializer=configure_gpu_blind,
-                                  initargs=(arch, cache_dir), timeout_s=300).__enter__()
-        self.gpool = IsolatedPool(measure_fn, 1, initializer=gpu_init, initargs=(cache_dir,),
-                                  timeout_s=600).__enter__()
-        self.kernel_ids: dict[tuple, int] = {}
-        self.compile_s: dict[int, float] = {}
-        self.compile_err: dict[int, str] = {}
-        self.jobs: list[_Job] = []
-        self.in_flight: dict[int, tuple[_Job, MeasureTask]] = {}
-
-    def room(self) -> bool:
-        return len(self.jobs) < self.depth
-
-    def submit(self, trial_id, item, configs) -> None:
-        kernels = {}
-        for c in configs:
-            cls = signature_class(item.problem, c)
-            if cls not in self.kernel_ids:
-                self.kernel_ids[cls] = self.cpool.submit((item.problem, c))
-            kernels[c] = self.kernel_ids[cls]
-        self.jobs.append(_Job(trial_id, item, kernels))
-
-    def _failed(self, job: _Job, configs, status: str, error: str) -> list[dict]:
-        p = job.item.problem
-        return [{**p.to_dict(), **c.to_dict(), "problem_key": p.key(), "suite": job.item.suite,
-                 "backend": "quack", "config_key": c.short(), "status": status,
-                 "error": error[:1000], "timestamp": time.time(),
-                 "compile_s": self.compile_s.get(job.kernels[c])} for c in configs]
-
-    def _measured(self, job: _Job, rows: list[dict]) -> None:
-        by_key = {c.short(): k for c, k in job.kernels.items()}
-        for r in rows:
-            if r["backend"] == "quack":
-                load_s = r.pop("load_s", None) or 0.0
-                r["compile_s"] = self.compile_s.get(by_key[r["config_key"]], load_s)
-        job.rows += rows
-
-    def poll(self, timeout: float) -> list[Done]:
-        for r in self.cpool.poll(timeout=0.02 if self.in_flight else min(timeout, 0.2)):
-            if r.status == "ok":
-                self.compile_s[r.index] = r.value
-            else:
-                self.compile_err[r.index] = f"{r.status}: {r.error}"[:1000]
-        for job in self.jobs:
-            if job.todo is None and all(k in self.compile_s or k in self.compile_err
-                                        for k in job.kernels.values()):
-                bad = [c for c, k in job.kernels.items() if k in self.compile_err]
-                for c in bad:
-                    job.rows += self._failed(job, [c], "compile_error",
-                                             self.compile_err[job.kernels[c]])
-                good = tuple(c for c in job.kernels if c not in bad)
-                it = job.item
-                job.todo = ([MeasureTask(it.problem, it.suite, good, it.cublas, self.policy)]
-                            if good or it.cublas else [])
-        if not self.in_flight:
-            job = next((j for j in self.jobs if j.todo), None)
-            if job is not None:
-                task = job.todo.pop(0)
-                job.running += 1
-                self.in_flight[self.gpool.submit(task)] = (job, task)
-        for r in self.gpool.poll(timeout=0.02):
-            job, task = self.in_flight.pop(r.index)
-            job.running -= 1
-            if r.status == "ok":
-                self._measured(job, r.value)
-            elif len(task.configs) > 1 or (task.configs and task.cublas):
-                # isolate the culprit: one config at a time
-                job.todo += [MeasureTask(task.problem, task.suite, (c,), False, task.policy)
-                             for c in task.configs]
-                if task.cublas:
-                    job.todo.append(MeasureTask(task.problem, task.suite, (), True, task.policy))
-            elif task.configs:
-                status = {"crash": "crash", "timeout": "timeout"}.get(r.status, "runtime_error")
-                job.rows += self._failed(job, task.configs, status, r.error)
-        finished = [j for j in self.jobs if j.todo == [] and j.running == 0]
-        self.jobs = [j for j in self.jobs if j not in finished]
-        return [Done(j.trial_id, j.rows) for j in finished]
-
-    def close(self) -> None:
-        self.cpool.__exit__(None, None, None)
-        self.gpool.__exit__(None, None, None)
 
 
 # ---------------------------------------------------------------- the worker
@@ -602,7 +491,7 @@ def work(spec: WorkerSpec) -> dict:
                 time.sleep(min(1.0, spec.heartbeat_s / 2))
                 continue
             for done in executor.poll(timeout=0.5):
-                held.pop(done.trial_id)
+                held.pop(done.job_id)
                 if not _finish(storage, done):
                     stats["dropped"] += 1
                 elif done.error:
@@ -621,15 +510,15 @@ def _finish(storage, done: Done) -> bool:
     the item now, so this result is dropped)."""
     try:
         if done.error:
-            storage.set_trial_user_attr(done.trial_id, ERROR_ATTR, done.error[:2000])
-            storage.set_trial_state_values(done.trial_id, state=TrialState.FAIL)
+            storage.set_trial_user_attr(done.job_id, ERROR_ATTR, done.error[:2000])
+            storage.set_trial_state_values(done.job_id, state=TrialState.FAIL)
         else:
-            storage.set_trial_user_attr(done.trial_id, ROWS_ATTR, encode_rows(done.rows))
-            storage.set_trial_state_values(done.trial_id, state=TrialState.COMPLETE,
+            storage.set_trial_user_attr(done.job_id, ROWS_ATTR, encode_rows(done.rows))
+            storage.set_trial_state_values(done.job_id, state=TrialState.COMPLETE,
                                            values=[float(len(done.rows))])
         return True
     except UpdateFinishedTrialError:
-        print(f"fleet: trial {done.trial_id} was failed as stale before it finished here; "
+        print(f"fleet: trial {done.job_id} was failed as stale before it finished here; "
               f"its retry records the item", file=sys.stderr)
         return False
 

@@ -1,6 +1,6 @@
 """Measure a few configs at a time on this machine's GPU, for the tuner's GPU backend.
 
-One GpuExecutor per process (the fleet's: GPU-blind compile pool plus an isolated GPU worker,
+One GpuExecutor per process (tuner.executor: GPU-blind compile pool plus an isolated GPU worker,
 crash bisection and failure rows) stays up across calls, so a tuning loop pays the worker
 start-up once and each kernel's compile once.
 """
@@ -21,7 +21,7 @@ _executors: dict[str, object] = {}
 
 def _executor(arch: str):
     if arch not in _executors:
-        from .fleet import GpuExecutor
+        from .executor import GpuExecutor
 
         workers = max(1, (os.cpu_count() or 2) - 2)
         _executors[arch] = GpuExecutor(arch, kernel_cache_dir(), workers, TimingPolicy())
@@ -31,10 +31,10 @@ def _executor(arch: str):
 
 def measure_configs(problem: GemmProblem, configs: list[KernelConfig]) -> list[dict]:
     """One dataset row per config (status, time_ms, compile_s, ...), measured on the GPU."""
-    from .fleet import WorkItem
+    from .executor import Measure
 
     executor = _executor(problem.arch)
-    executor.submit(0, WorkItem(problem.key(), "tune", problem, (), False, ""), list(configs))
+    executor.submit(0, Measure(problem, "tune", False), list(configs))
     while True:
         for done in executor.poll(timeout=0.5):
             return done.rows
