@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import fields
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cutetune.space.config import KernelConfig
+
 SCHEMA_VERSION = 1
 
 PROBLEM_COLUMNS = ("arch", "m", "n", "k", "batch", "dtype", "out_dtype", "a_major", "b_major")
-CONFIG_COLUMNS = ("tile_m", "tile_n", "pingpong", "cluster_m", "cluster_n", "swap_ab",
-                  "max_swizzle_size", "split_k", "is_dynamic_persistent")
-STATUSES = ("ok", "compile_error", "runtime_error", "wrong_result", "timeout", "crash")
+CONFIG_COLUMNS = tuple(f.name for f in fields(KernelConfig))
 
 SCHEMA = pa.schema([
     ("schema_version", pa.int16()),
@@ -49,7 +50,7 @@ SCHEMA = pa.schema([
     ("max_swizzle_size", pa.int32()), ("split_k", pa.int32()),
     ("is_dynamic_persistent", pa.bool_()),
     # outcome
-    ("status", pa.string()),
+    ("status", pa.string()),  # ok | compile_error | runtime_error | wrong_result | timeout | crash
     ("error", pa.string()),
     ("compile_s", pa.float64()),
     ("time_ms", pa.float64()),       # median

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +115,7 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
           f"requests", file=sys.stderr)
 
     n_compile = compile_workers or max(1, (os.cpu_count() or 2) - 2)
+    run_id = uuid.uuid4().hex[:12]
     prog = Progress()
     pending = total
     ex = GpuExecutor(arch, kernel_cache_dir(cache_dir), n_compile, policy,
@@ -131,6 +133,7 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
                 left -= 1
                 pending -= len(requests[d.job_id][1])
                 for r in d.rows:
+                    r["run_id"] = run_id
                     prog.by_status[r["status"]] += 1
                 dataset.append(out, d.rows)
                 prog.measured += len(d.rows)
