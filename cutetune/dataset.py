@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cutetune.space.config import KernelConfig
+from cutetune.space.problem import GemmProblem
 
 SCHEMA_VERSION = 1
 
@@ -59,6 +60,12 @@ SCHEMA = pa.schema([
     ("n_reps", pa.int32()),
     ("rel_err", pa.float64()),
 ])
+
+
+def problem_of(row) -> GemmProblem:
+    """The GemmProblem a dataset row measured (sizes come back from Parquet as ints)."""
+    return GemmProblem(**{c: (int(row[c]) if c in ("m", "n", "k", "batch") else row[c])
+                          for c in PROBLEM_COLUMNS})
 
 
 class DatasetError(RuntimeError):

@@ -15,19 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from cutetune import dataset
+from cutetune.models.evaluate import M_BUCKETS, bucket_name, geomean, m_bucket
 from cutetune.space import enumerate_configs
-from cutetune.space.problem import GemmProblem
-
-M_BUCKETS = ((1, 64), (65, 512), (513, 4096), (4097, 1 << 40))
-
-
-def bucket(m: int) -> str:
-    lo, hi = next(b for b in M_BUCKETS if b[0] <= m <= b[1])
-    return f"{lo}-{hi}" if hi < 1 << 40 else f">{lo - 1}"
-
-
-def geomean(x) -> float:
-    return float(np.exp(np.mean(np.log(x)))) if len(x) else float("nan")
 
 
 def main() -> None:
@@ -45,9 +34,7 @@ def main() -> None:
         problems.setdefault(r["problem_key"], []).append(r)
     n_valid = {}
     for key, rs in problems.items():
-        r = rs[0]
-        p = GemmProblem(*(r[c] for c in ("m", "n", "k", "batch", "dtype", "out_dtype", "a_major",
-                                          "b_major", "arch")))
+        p = dataset.problem_of(rs[0])
         n_valid[key] = len(enumerate_configs(p.arch, p))
     exhaustive = [k for k, rs in problems.items() if len(rs) >= n_valid[k]]
     sampled = [k for k, rs in problems.items() if len(rs) >= 150]
@@ -69,10 +56,10 @@ def main() -> None:
             speed.append((problems[key][0]["m"], cublas[key]["time_ms"] / min(ok), key in exhaustive))
     by_bucket = {}
     for m, s, _ in speed:
-        by_bucket.setdefault(bucket(m), []).append(s)
-    speed_table = {b: {"problems": len(v), "geomean": geomean(v), "min": min(v), "max": max(v),
-                       "share_faster": float(np.mean(np.array(v) > 1))}
-                   for b, v in sorted(by_bucket.items(), key=lambda kv: int(kv[0].strip(">").split("-")[0]))}
+        by_bucket.setdefault(int(m_bucket(m)), []).append(s)
+    speed_table = {bucket_name(*M_BUCKETS[i]): {
+        "problems": len(v), "geomean": geomean(v), "min": min(v), "max": max(v),
+        "share_faster": float(np.mean(np.array(v) > 1))} for i, v in sorted(by_bucket.items())}
 
     # Timing noise: the same (problem, config) measured twice, minutes apart.
     noise = {}

@@ -19,7 +19,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutetune.dataset import CONFIG_COLUMNS, PROBLEM_COLUMNS, load
+from cutetune.dataset import CONFIG_COLUMNS, PROBLEM_COLUMNS, load, problem_of
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
 
@@ -65,11 +65,6 @@ class ReplayError(KeyError):
         return str(self.args[0])
 
 
-def _problem_of(row: Mapping) -> GemmProblem:
-    return GemmProblem(**{c: (int(row[c]) if c in ("m", "n", "k", "batch") else row[c])
-                          for c in PROBLEM_COLUMNS})
-
-
 def _kernel_key(problem: GemmProblem, config: KernelConfig) -> tuple:
     """What a compiled kernel depends on: quack compiles against symbolic shapes, so the
     operand dtypes and majors and the config's compile key, never M/N/K."""
@@ -110,7 +105,7 @@ class ReplayBackend:
         for r in rows:
             pk = r["problem_key"]
             if pk not in self._problems:
-                self._problems[pk] = _problem_of(r)
+                self._problems[pk] = problem_of(r)
             config = KernelConfig.from_dict({c: r[c] for c in CONFIG_COLUMNS})
             compile_s = float(r["compile_s"] or 0.0)
             self._rows.setdefault(pk, {})[config] = RecordedRow(

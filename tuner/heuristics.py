@@ -290,16 +290,12 @@ def build(model, arch: str, dtype: str, top_k: int = FILE_TOP_K, grid: Grid = Gr
 
 # ---------------------------------------------------------------- `cutetune emit`
 def _recorded_problems(dataset: str, arch: str, dtype: str) -> list[GemmProblem]:
-    from cutetune.dataset import PROBLEM_COLUMNS, load
+    from cutetune.dataset import PROBLEM_COLUMNS, load, problem_of
 
     t = load(dataset, columns=list(PROBLEM_COLUMNS))
     rows = {tuple(r[c] for c in PROBLEM_COLUMNS) for r in t.to_pylist()}
-    out = []
-    for r in sorted(rows):
-        p = dict(zip(PROBLEM_COLUMNS, r))
-        if (p["arch"], p["dtype"]) == (arch, dtype):
-            out.append(GemmProblem(**{**p, "batch": int(p["batch"])}))
-    return out
+    problems = [problem_of(dict(zip(PROBLEM_COLUMNS, r))) for r in sorted(rows)]
+    return [p for p in problems if (p.arch, p.dtype) == (arch, dtype)]
 
 
 def _cmd_emit(args) -> int:

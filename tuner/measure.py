@@ -20,6 +20,8 @@ import platform
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
 
@@ -172,12 +174,6 @@ def _time(fn, buf: ProblemBuffers, policy: TimingPolicy) -> tuple[list[float], f
     return times, float(err)
 
 
-def _quantile(sorted_vals: list[float], q: float) -> float:
-    pos = q * (len(sorted_vals) - 1)
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
-
-
 def _row(task: MeasureTask, backend: str, config: KernelConfig | None, **outcome) -> dict:
     env = {k: v for k, v in _STATE["env"].items() if k not in ("l2_bytes", "host")}
     cfg = config.to_dict() if config else {}
@@ -198,8 +194,8 @@ def _measure_one(task: MeasureTask, backend: str, config, fn, buf) -> dict:
     ok = math.isfinite(err) and err <= bound
     return _row(task, backend, config, status="ok" if ok else "wrong_result",
                 error="" if ok else f"relative error {err:.3g} > {bound}",
-                time_ms=_quantile(times, 0.5), time_ms_p20=_quantile(times, 0.2),
-                time_ms_p80=_quantile(times, 0.8), n_reps=len(times), rel_err=err)
+                time_ms=float(np.quantile(times, 0.5)), time_ms_p20=float(np.quantile(times, 0.2)),
+                time_ms_p80=float(np.quantile(times, 0.8)), n_reps=len(times), rel_err=err)
 
 
 def measure(task: MeasureTask) -> list[dict]:

@@ -22,6 +22,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import optuna
 
+from cutetune.models.evaluate import geomean
 from cutetune.space.enumerate import enumerate_configs
 from cutetune.space.problem import GemmProblem
 
@@ -179,11 +180,6 @@ def _median(x) -> float:
     return float(np.median(x)) if len(x) else math.nan
 
 
-def _geomean(x) -> float:
-    x = np.asarray(list(x), float)
-    return float(np.exp(np.mean(np.log(x)))) if len(x) else math.nan
-
-
 def efficiency_at(runs: Sequence[Run], grid: np.ndarray, axis: str) -> np.ndarray:
     """Geometric-mean oracle efficiency over ``runs`` after ``grid`` kernels (axis="kernels")
     or after ``grid`` x the exhaustive tuning time (axis="time"). A run that stopped keeps
@@ -214,8 +210,8 @@ def summarize(runs: Sequence[Run], target: float = TARGET) -> dict:
                                                            for r in rs),
             "median_kernels_total": _median(r.total_kernels for r in rs),
             "median_speedup_vs_exhaustive": _median(r.exhaustive_s / r.total_cost_s for r in rs),
-            "geomean_speedup_vs_exhaustive": _geomean(r.exhaustive_s / r.total_cost_s for r in rs),
-            "final_efficiency_geomean": _geomean(max(r.final_efficiency, 1e-3) for r in rs),
+            "geomean_speedup_vs_exhaustive": geomean([r.exhaustive_s / r.total_cost_s for r in rs]),
+            "final_efficiency_geomean": geomean([max(r.final_efficiency, 1e-3) for r in rs]),
             "final_efficiency_min": float(min(r.final_efficiency for r in rs)),
             "final_efficiency_p10": float(np.percentile([r.final_efficiency for r in rs], 10)),
         }
