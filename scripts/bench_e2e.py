@@ -13,6 +13,7 @@ got. Also the host overhead of one tiny GEMM launch: torch.mm vs cutetune's laun
 
   python scripts/bench_e2e.py --out data/bench/e2e_h200.json [--quick] [--heuristics H.json]
   python scripts/bench_e2e.py --cpu-only   # heuristics load/lookup timing, no GPU
+  python scripts/bench_e2e.py --merge a.json b.json --out e2e.json   # parts run apart
 
 The GPU run keeps to --budget-s (default 460 s): a measurement whose expected duration would
 cross it is skipped and recorded as such.
@@ -233,7 +234,8 @@ def run_gpu(args) -> dict:
     started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="cutetune_e2e_"))
     res = {"meta": {"argv": sys.argv[1:], "quick": args.quick, "ms": list(ms),
-                    "modes": list(args.modes), "repeats": repeats, "budget_s": args.budget_s,
+                    "modes": list(args.modes), "warm_for": list(args.warm_for),
+                    "repeats": repeats, "budget_s": args.budget_s,
                     "heuristics": args.heuristics or "packaged", "heuristics_digest": digest,
                     "top_k": args.top_k, "started": time.time()},
            "runs": []}
@@ -249,7 +251,8 @@ def run_gpu(args) -> dict:
     try:
         for m in ms:
             for mode in args.modes:
-                caches = ("cold", "warm") if mode in ("predicted", "reduced") else (None,)
+                caches = ((("cold", "warm") if mode in args.warm_for else ("cold",))
+                          if mode in ("predicted", "reduced") else (None,))
                 kernel_dir = tmp / f"kernels_{mode}_{m}"
                 for cache in caches:
                     kind = mode + (f"-{cache}" if cache else "")
@@ -273,6 +276,19 @@ def run_gpu(args) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
     res["meta"]["total_s"] = time.perf_counter() - started
     return res
+
+
+def merge(parts: list[dict]) -> dict:
+    """One result from several runs of this script with the same heuristics: runs
+    concatenated (M ascending), meta of each part kept, launch overhead from the first."""
+    digests = {p["meta"]["heuristics_digest"] for p in parts}
+    if len(digests) != 1:
+        raise SystemExit(f"--merge: the parts used different heuristics ({sorted(digests)})")
+    meta = {**parts[0]["meta"], "ms": sorted({m for p in parts for m in p["meta"]["ms"]}),
+            "total_s": sum(p["meta"]["total_s"] for p in parts),
+            "parts": [p["meta"] for p in parts]}
+    runs = sorted((r for p in parts for r in p["runs"]), key=lambda r: r["m"])
+    return {"meta": meta, "runs": runs, "launch_overhead": parts[0]["launch_overhead"]}
 
 
 def _run_line(run: dict) -> str:
@@ -405,6 +421,12 @@ def main(argv=None) -> int:
     ap.add_argument("--heuristics", help="heuristics file (default: the packaged one)")
     ap.add_argument("--top-k", type=int, default=None, help="reduced mode's k")
     ap.add_argument("--budget-s", type=float, default=460.0)
+    ap.add_argument("--warm-for", nargs="*", default=["predicted", "reduced"],
+                    choices=("predicted", "reduced"),
+                    help="cutetune modes also compiled with the kernel cache warm")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="combine the runs of several result files (say, M values measured "
+                         "in separate calls or on separate GPUs of one host) into --out")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -424,7 +446,8 @@ def main(argv=None) -> int:
               f"{res['decide_predicted_us']['median']:.1f} / "
               f"{res['decide_reduced_us']['median']:.1f} us (predicted / reduced) -> {out}")
         return 0
-    res = run_gpu(args)
+    res = merge([json.loads(Path(f).read_text()) for f in args.merge]) if args.merge \
+        else run_gpu(args)
     out.write_text(json.dumps(res, indent=1))
     png = out.with_suffix(".png")
     plot(res, png)

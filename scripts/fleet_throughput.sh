@@ -37,11 +37,11 @@ for stage in "$@"; do
     one) run 1 ;;
     two) run 2 ;;
     report)
-      python - "$OUT" "$EACH_S" "${WORK[*]}" <<'EOF'
+      python - "$OUT" "$EACH_S" "${WORK[*]}" "$*" <<'EOF'
 import json, subprocess, sys
 from pathlib import Path
 
-out, each_s, work = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+out, each_s, work, stages = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
 runs = {n: json.loads((out / f"fleet_{n}.json").read_text()) for n in (1, 2)}
 gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                       capture_output=True, text=True).stdout.split("\n")
@@ -49,7 +49,7 @@ ratio = runs[2]["rows_per_min"] / runs[1]["rows_per_min"]
 report = {
     "what": "rows measured per minute by `cutetune collect` fleet workers on one host, "
             "1 worker vs 2 (one per GPU), warm kernel cache, SQLite queue",
-    "command": f"bash scripts/fleet_throughput.sh warm one two report  (EACH_S={each_s:g})",
+    "command": f"CUTETUNE_FLEET_EACH_S={each_s:g} bash scripts/fleet_throughput.sh {stages}",
     "collect_args": work, "gpus": [g for g in gpus if g],
     "rows_per_min": {n: r["rows_per_min"] for n, r in runs.items()},
     "ratio_2_over_1": ratio, "target_ratio": 1.8, "target_met": ratio >= 1.8,

@@ -133,3 +133,37 @@ def test_tuner_gpu_session_reuses_its_workers(tmp_path, monkeypatch):
     assert status == {16: "ok", COMPILE_FAIL_TILE_N: "compile_error"}
     assert {r["config_key"] for r in again} == {c.short() for c in _configs()[:2] + [_configs()[3]]}
     assert compiled == [2, 3]
+
+
+COMMITTED = os.path.join(os.path.dirname(__file__), "..", "data")
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(COMMITTED, "h200_bf16")),
+                    reason="no measured dataset in this checkout")
+def test_committed_h200_datasets_load_with_the_schema_and_coverage():
+    """The measured datasets under data/ read with this cutetune's schema, carry the
+    provenance columns, and hold what the dataset report claims: >= 300 problems with >= 150
+    configs, >= 40 swept exhaustively, a cuBLAS row for every problem."""
+    from collections import Counter
+
+    from cutetune.space import enumerate_configs
+
+    for name in ("h200_bf16", "h200_bf16_repeat", "h200_bf16_tune"):
+        table = dataset.load(os.path.join(COMMITTED, name))
+        assert table.schema.names == dataset.SCHEMA.names, name
+        assert set(table.column("schema_version").to_pylist()) == {dataset.SCHEMA_VERSION}
+        for col in ("device_name", "sm_count", "driver", "cuda", "torch_version",
+                    "cutlass_dsl_version", "quack_version", "timestamp"):
+            assert table.column(col).null_count == 0, (name, col)
+    table = dataset.load(os.path.join(COMMITTED, "h200_bf16"),
+                         columns=list(dataset.PROBLEM_COLUMNS) + ["problem_key", "backend",
+                                                                  "config_key", "status"])
+    rows = table.to_pylist()
+    quack = Counter(r["problem_key"] for r in rows if r["backend"] == "quack")
+    cublas = {r["problem_key"] for r in rows if r["backend"] == "cublas" and r["status"] == "ok"}
+    problems = {r["problem_key"]: dataset.problem_of(r) for r in rows}
+    assert sum(n >= 150 for n in quack.values()) >= 300
+    swept = [k for k, n in quack.items() if n >= 1000
+             and n == len(enumerate_configs(problems[k].arch, problems[k]))]
+    assert len(swept) >= 40
+    assert set(quack) <= cublas

@@ -187,6 +187,44 @@ def test_cli_emit(tmp_path, monkeypatch):
         main(["emit", "--model", str(model_file), "--out", str(out), "--top-k", "0"])
 
 
+def test_measured_picks_and_emit_use_measurements(tmp_path, monkeypatch):
+    """Recorded problems take their measured top-k, and CuteDSL only when the best measured
+    config beat cuBLAS by the margin; the model answers for the rest."""
+    import cutetune.models
+    from cutetune.cli import main
+    from cutetune.dataset import append
+
+    win, lose = P(3000, 4096, 1024), P(64, 4096, 1024)
+    D = KernelConfig(64, 64, True, 1, 1, False, 1, 1, False)  # recorded as failed
+
+    def rows(p, cublas_ms, times):
+        out = [{**p.to_dict(), "problem_key": p.key(), "backend": "cublas", "status": "ok",
+                "time_ms": cublas_ms}]
+        out += [{**p.to_dict(), **c.to_dict(), "problem_key": p.key(), "backend": "quack",
+                 "config_key": c.short(), "status": "ok", "time_ms": t}
+                for c, t in zip((A, B, C), times)]
+        return out + [{**p.to_dict(), **D.to_dict(), "problem_key": p.key(), "backend": "quack",
+                       "config_key": D.short(), "status": "runtime_error", "time_ms": None}]
+
+    recorded = rows(win, 1.0, [0.99, 0.90, 0.95]) + rows(lose, 1.0, [0.99, 0.98, 1.2])
+    picks = hz.measured_picks(recorded, top_k=2, margin=0.05)
+    assert picks[win.key()] == ((B, C), False)  # 10 % faster than cuBLAS: CuteDSL
+    assert picks[lose.key()] == ((B, A), True)  # 2 % faster: inside the margin, ATen stays
+    assert hz.measured_picks(recorded, top_k=2, margin=0.0)[lose.key()][1] is False
+
+    monkeypatch.setattr(cutetune.models, "load_model", lambda *a, **k: FakeModel(),
+                        raising=False)
+    model_file = tmp_path / "model.bin"
+    model_file.write_bytes(b"weights")
+    append(tmp_path / "ds", recorded)
+    out = tmp_path / "h.json"
+    assert main(["emit", "--model", str(model_file), "--out", str(out), "--top-k", "2",
+                 "--dataset", str(tmp_path / "ds"), "--exact-margin", "0.05"]) == 0
+    h = Heuristics.load(out)
+    assert h.lookup(win) == ((B, C), False) and h.lookup(lose) == ((B, A), True)
+    assert h.meta["exact_margin"] == 0.05
+
+
 # ---------------------------------------------------------------- decisions
 def test_decide_modes():
     fake, p = FakeHeuristics(), P(512, 4096, 4096)

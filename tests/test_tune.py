@@ -154,6 +154,34 @@ def test_cli_tunes_and_resumes(tmp_path, capsys):
     assert "listed configs" in capsys.readouterr().out
 
 
+def test_cli_gpu_path_reports_cublas_and_appends(tmp_path, capsys, monkeypatch):
+    """The GPU path with the harness replaced by recorded rows (no GPU here): the run ends with
+    a cuBLAS measurement, appends every row to the dataset and writes a --results line."""
+    import json
+
+    from cutetune.dataset import load
+    from cutetune.tuner import gpu_session
+
+    table = synthetic_table([PROBLEM])
+    rows = {r["config_key"]: r for r in table.to_pylist()}
+    monkeypatch.setattr(gpu_session, "measure_configs",
+                        lambda problem, configs: [rows[c.short()] for c in configs])
+    cublas = {**next(iter(rows.values())), "backend": "cublas", "config_key": "",
+              "status": "ok", "time_ms": 0.25}
+    monkeypatch.setattr(gpu_session, "measure_cublas", lambda problem: cublas)
+    dims = ["--m", str(PROBLEM.m), "--n", str(PROBLEM.n), "--k", str(PROBLEM.k)]
+    assert main(["tune", *dims, "--strategy", "random", "--trials", "5",
+                 "--storage", f"journal:{tmp_path / 'j.journal'}",
+                 "--dataset", str(tmp_path / "out"), "--results", str(tmp_path / "r.jsonl")]) == 0
+    assert "cuBLAS    0.2500 ms" in capsys.readouterr().out
+    (record,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert record["cublas_ms"] == 0.25 and record["measured"] == 5
+    assert record["best_ms"] == min(t for t in record["times_ms_in_order"] if t is not None)
+    assert record["speedup_vs_cublas"] == pytest.approx(0.25 / record["best_ms"])
+    appended = load(tmp_path / "out").column("backend").to_pylist()
+    assert sorted(appended) == ["cublas"] + ["quack"] * 5
+
+
 def test_cli_user_errors_are_one_line(tmp_path, capsys):
     append(tmp_path / "ds", synthetic_table([PROBLEM]).to_pylist())
     assert _cli(tmp_path, "--strategy", "random", "--margin", "0.1") == 2

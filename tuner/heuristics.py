@@ -3,7 +3,8 @@ Inductor's lowering asks a dict and a log-spaced grid instead of running the mod
 
 A file serves one (arch, dtype). For each operand-major pair and each cell of a log-spaced
 (batch, M, N, K) grid it stores the model's top-k configs and its cuBLAS-fallback flag, plus
-exact entries for recorded problems (the shapes we know users run). ``lookup`` returns the
+exact entries for recorded problems (the shapes we know users run), taken from their
+measurements where a dataset has them (``measured_picks``). ``lookup`` returns the
 exact entry when there is one, else the grid cell nearest in log space: a cell's configs are
 the model's picks for the cell's own shape, which is why the grid is log-spaced (tile and wave
 effects change with ratios, not differences).
@@ -21,7 +22,7 @@ import time
 from bisect import bisect_left
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Mapping
 
 import cutetune
 from cutetune.space.config import KernelConfig
@@ -266,17 +267,23 @@ class ModelHeuristics:
         return tuple(c for c, _ in ranked[:self.top_k]), bool(self.model.prefers_cublas(problem))
 
 
+Pick = tuple[tuple[KernelConfig, ...], bool]  # configs best first, and whether to keep ATen
+
+
 def build(model, arch: str, dtype: str, top_k: int = FILE_TOP_K, grid: Grid = Grid(),
           problems: Iterable[GemmProblem] = (), meta: dict | None = None,
-          progress: Callable[[int, int], None] | None = None) -> Heuristics:
+          progress: Callable[[int, int], None] | None = None,
+          measured: Mapping[str, Pick] | None = None) -> Heuristics:
     """Freeze ``model``'s picks for every grid cell and for each of ``problems`` on
-    (arch, dtype) into a Heuristics table."""
+    (arch, dtype) into a Heuristics table; a problem in ``measured`` (by key) gets that pick
+    instead of the model's (see ``measured_picks``)."""
     source = ModelHeuristics(model, top_k)
     index: dict[KernelConfig, int] = {}
+    measured = measured or {}
 
     def entry(p: GemmProblem) -> Entry:
-        configs, aten = source.lookup(p)
-        return aten, tuple(index.setdefault(c, len(index)) for c in configs)
+        configs, aten = measured.get(p.key()) or source.lookup(p)
+        return aten, tuple(index.setdefault(c, len(index)) for c in configs[:top_k])
 
     cells: list[Entry | None] = []
     for i, p in enumerate(grid.problems(arch, dtype)):
@@ -288,14 +295,49 @@ def build(model, arch: str, dtype: str, top_k: int = FILE_TOP_K, grid: Grid = Gr
     return Heuristics(arch, dtype, top_k, grid, configs, cells, exact, meta)
 
 
-# ---------------------------------------------------------------- `cutetune emit`
-def _recorded_problems(dataset: str, arch: str, dtype: str) -> list[GemmProblem]:
-    from cutetune.dataset import PROBLEM_COLUMNS, load, problem_of
+# A recorded problem keeps ATen unless its best measured config beat the measured cuBLAS time
+# by this fraction: the best of 150+ noisy timings is biased low (repeated timings differ by a
+# median 1.5 %, p90 6 %: data/reports/dataset_h200_bf16.md), so a 1 % win is often none.
+EXACT_MARGIN = 0.03
 
-    t = load(dataset, columns=list(PROBLEM_COLUMNS))
-    rows = {tuple(r[c] for c in PROBLEM_COLUMNS) for r in t.to_pylist()}
-    problems = [problem_of(dict(zip(PROBLEM_COLUMNS, r))) for r in sorted(rows)]
-    return [p for p in problems if (p.arch, p.dtype) == (arch, dtype)]
+
+def measured_picks(rows: Iterable[Mapping], top_k: int, margin: float = EXACT_MARGIN
+                   ) -> dict[str, Pick]:
+    """From dataset rows: per problem with a cuBLAS time and ok quack rows, its ``top_k``
+    fastest measured configs and whether ATen stays (see EXACT_MARGIN). What was measured
+    beats what the model predicts for the shapes users are known to run."""
+    from cutetune.dataset import CONFIG_COLUMNS
+
+    quack: dict[str, list[tuple[float, KernelConfig]]] = {}
+    cublas: dict[str, float] = {}
+    for r in rows:
+        if r["status"] != "ok" or r["time_ms"] is None:
+            continue
+        if r["backend"] == "cublas":
+            cublas[r["problem_key"]] = r["time_ms"]
+        else:
+            config = KernelConfig.from_dict({c: r[c] for c in CONFIG_COLUMNS})
+            quack.setdefault(r["problem_key"], []).append((r["time_ms"], config))
+    picks = {}
+    for key, timed in quack.items():
+        if key in cublas:
+            timed.sort(key=lambda tc: tc[0])
+            aten = not timed[0][0] < cublas[key] * (1 - margin)
+            picks[key] = (tuple(c for _, c in timed[:top_k]), aten)
+    return picks
+
+
+# ---------------------------------------------------------------- `cutetune emit`
+def _recorded(dataset: str, arch: str, dtype: str, top_k: int, margin: float
+              ) -> tuple[list[GemmProblem], dict[str, Pick]]:
+    """The dataset's problems on (arch, dtype) and their measured picks."""
+    from cutetune.dataset import CONFIG_COLUMNS, PROBLEM_COLUMNS, load, problem_of
+
+    columns = [*PROBLEM_COLUMNS, "problem_key", "backend", "status", "time_ms", *CONFIG_COLUMNS]
+    rows = [r for r in load(dataset, columns=columns).to_pylist()
+            if (r["arch"], r["dtype"]) == (arch, dtype)]
+    problems = {r["problem_key"]: problem_of(r) for r in rows}
+    return [problems[k] for k in sorted(problems)], measured_picks(rows, top_k, margin)
 
 
 def _cmd_emit(args) -> int:
@@ -308,15 +350,18 @@ def _cmd_emit(args) -> int:
 
     grid = Grid(batch=tuple(args.batches))
     model = load_model(args.model, arch=args.arch, dtype=args.dtype)
-    problems = _recorded_problems(args.dataset, args.arch, args.dtype) if args.dataset else []
+    problems, measured = (_recorded(args.dataset, args.arch, args.dtype, args.top_k,
+                                    args.exact_margin) if args.dataset else ([], {}))
     meta = {"model": str(args.model), "model_digest": _digest(Path(args.model).read_bytes())
             if Path(args.model).is_file() else None,
-            "dataset": args.dataset, "created": time.time()}
+            "dataset": args.dataset, "exact_margin": args.exact_margin, "created": time.time()}
     t0 = time.perf_counter()
     h = build(model, args.arch, args.dtype, args.top_k, grid, problems, meta,
-              progress=lambda i, n: print(f"  {i}/{n} cells", flush=True))
+              progress=lambda i, n: print(f"  {i}/{n} cells", flush=True), measured=measured)
     path = h.save(args.out)
-    print(f"wrote {path}: {grid.size} grid cells, {len(h.exact)} recorded problems, "
+    quack = sum(not aten for aten, _ in h.exact.values())
+    print(f"wrote {path}: {grid.size} grid cells, {len(h.exact)} recorded problems "
+          f"({len(measured)} picked from measurements, {quack} of them CuteDSL), "
           f"{len(h.configs)} distinct configs, {path.stat().st_size / 1024:.0f} KiB, "
           f"digest {h.digest} ({time.perf_counter() - t0:.1f} s)")
     return 0
@@ -349,7 +394,11 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", default="bf16", choices=SUPPORTED_DTYPES)
     p.add_argument("--top-k", type=_positive_int, default=FILE_TOP_K,
                    help=f"configs kept per entry (default {FILE_TOP_K})")
-    p.add_argument("--dataset", help="dataset folder: add exact entries for its problems")
+    p.add_argument("--dataset", help="dataset folder: add exact entries for its problems, "
+                   "from their measurements where they have a cuBLAS time")
+    p.add_argument("--exact-margin", type=float, default=EXACT_MARGIN,
+                   help="a recorded problem gets CuteDSL only if its best measured config beat "
+                   f"cuBLAS by this fraction (default {EXACT_MARGIN})")
     p.add_argument("--batches", type=_positive_ints, default=[1],
                    help="grid batch values, comma-separated (default 1: bmm uses the cell of "
                    "its per-batch shape)")

@@ -13,8 +13,10 @@ tell the result, until a budget is spent or the strategy stops.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
         from .fleet import run_pinned
 
         return run_pinned(run, args)
+    started = time.perf_counter()
     problem = GemmProblem(m=args.m, n=args.n, k=args.k, batch=args.batch, dtype=args.dtype,
                           out_dtype=args.out_dtype or args.dtype, a_major=args.a_major,
                           b_major=args.b_major, arch=args.arch)
@@ -245,17 +248,50 @@ def run(args: argparse.Namespace) -> int:
     budget = Budget(trials=trials, seconds=args.time_budget)
     new_rows: list[dict] = []
     on_measure = (lambda m: new_rows.append({**m.row, "suite": "tune"})) if kind == "gpu" else None
+    cublas = None
     try:
         result = tune_study(study, sampler, problem, encoding, backend, budget, on_measure)
+        if kind == "gpu":  # is the tuned kernel worth it over the library? same GPU, same timing
+            from .gpu_session import measure_cublas
+            cublas = measure_cublas(problem)
+            new_rows.append(cublas)
     finally:
         if new_rows:
             from cutetune.dataset import append
             append(args.dataset, new_rows)
-    _print_result(result, args, name, kind, len(candidates), len(new_rows))
+    wall_s = time.perf_counter() - started
+    _print_result(result, args, name, kind, len(candidates), len(new_rows), cublas)
+    if args.results:
+        record = _result_record(result, args, name, kind, cublas, wall_s)
+        with open(args.results, "a") as f:
+            f.write(json.dumps(record) + "\n")
     return 0
 
 
-def _print_result(r: TuneResult, args, name: str, kind: str, n_candidates: int, appended: int):
+def _result_record(r: TuneResult, args, name: str, kind: str, cublas: dict | None,
+                   wall_s: float) -> dict:
+    """One JSON line of what a run found and what it cost (``--results``)."""
+    best = r.best()
+    cublas_ms = cublas["time_ms"] if cublas and cublas["status"] == "ok" else None
+    return {
+        "problem_key": r.problem.key(), "problem": r.problem.to_dict(), "study": name,
+        "strategy": args.strategy, "backend": kind, "model": args.model or "packaged",
+        "best_config": best[0] if best else None, "best_ms": best[1] if best else None,
+        "cublas_ms": cublas_ms,
+        "speedup_vs_cublas": cublas_ms / best[1] if best and cublas_ms else None,
+        "trials": len(r.steps), "measured": sum(not s.reused for s in r.steps),
+        "kernels": r.kernels, "failed": sum(s.status != "ok" and not s.reused for s in r.steps),
+        "compile_s": sum(s.compile_s for s in r.steps),
+        "bench_s": sum(s.bench_s for s in r.steps),
+        "wall_s": wall_s, "stop_reason": r.stop_reason,
+        "configs_in_order": [s.config.short() for s in r.steps if not s.reused],
+        "times_ms_in_order": [s.time_ms for s in r.steps if not s.reused],
+        "timestamp": time.time(),
+    }
+
+
+def _print_result(r: TuneResult, args, name: str, kind: str, n_candidates: int, appended: int,
+                  cublas: dict | None = None):
     measured = sum(not s.reused for s in r.steps)
     compile_s = sum(s.compile_s for s in r.steps)
     bench_s = sum(s.bench_s for s in r.steps)
@@ -276,6 +312,12 @@ def _print_result(r: TuneResult, args, name: str, kind: str, n_candidates: int, 
         print("best      none: no config ran ok")
     else:
         print(f"best      {best[0]}  {best[1]:.4f} ms")
+    if cublas is not None:
+        if cublas["status"] != "ok":
+            print(f"cuBLAS    {cublas['status']}: {cublas.get('error', '')}")
+        else:
+            gain = f"; best is {cublas['time_ms'] / best[1]:.3f}x cuBLAS's speed" if best else ""
+            print(f"cuBLAS    {cublas['time_ms']:.4f} ms{gain}")
 
 
 def register(subparsers) -> None:
@@ -316,4 +358,6 @@ def register(subparsers) -> None:
                    help="model strategy: stop when the expected relative gain is below this "
                         f"(default {_MODEL_DEFAULTS['min_gain']})")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--results", default=None, metavar="PATH",
+                   help="append one JSON line with what this run found and cost")
     p.set_defaults(func=run)
