@@ -9,10 +9,13 @@
 #   one     1 worker for $EACH_S s, fresh study and dataset     -> $OUT/fleet_1.json
 #   two     2 workers for $EACH_S s, the same work from scratch  -> $OUT/fleet_2.json
 #   report  both runs and their ratio                           -> $OUT/fleet_throughput.json
-# e.g. bash scripts/fleet_throughput.sh warm one two report
+# e.g. bash scripts/fleet_throughput.sh warm one, then (next call) two report: each run takes
+# about EACH_S + 40 s
 # Commit $OUT/fleet_throughput.json as data/bench/fleet_throughput_h200x2.json.
 set -uo pipefail
-EACH_S=${CUTETUNE_FLEET_EACH_S:-150}
+# Long windows: each run's start-up (two workers importing the stack at once) counts in its
+# rate; 75 s windows gave 1.75x (data/bench/fleet_throughput_h200x2.json).
+EACH_S=${CUTETUNE_FLEET_EACH_S:-300}
 ROOT=${CUTETUNE_DATA:-/tmp/cutetune-fleet}
 export QUACK_CACHE_DIR=/tmp/quack-cache PYTHONUNBUFFERED=1
 mkdir -p "$ROOT" "$QUACK_CACHE_DIR" "$OUT"
@@ -25,7 +28,8 @@ run() {  # run N: N workers on a fresh study and dataset
   rm -rf "$ROOT/run$n" && mkdir -p "$ROOT/run$n"
   python -m cutetune collect "${WORK[@]}" --workers "$n" --out "$ROOT/run$n/data" \
     --storage "sqlite:///$ROOT/run$n/queue.sqlite" --study "throughput-$n" \
-    --time-budget "$EACH_S" --stats "$OUT/fleet_$n.json" 2>&1 | tail -n 12
+    --time-budget "$EACH_S" --stats "$ROOT/fleet_$n.json" 2>&1 | tail -n 12
+  cp "$ROOT/fleet_$n.json" "$OUT/"  # $OUT is emptied per call; the report reads $ROOT
 }
 
 for stage in "$@"; do
@@ -37,12 +41,13 @@ for stage in "$@"; do
     one) run 1 ;;
     two) run 2 ;;
     report)
-      python - "$OUT" "$EACH_S" "${WORK[*]}" "$*" <<'EOF'
+      python - "$ROOT" "$OUT" "$EACH_S" "${WORK[*]}" "$*" <<'EOF'
 import json, subprocess, sys
 from pathlib import Path
 
-out, each_s, work, stages = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
-runs = {n: json.loads((out / f"fleet_{n}.json").read_text()) for n in (1, 2)}
+root, out = Path(sys.argv[1]), Path(sys.argv[2])
+each_s, work, stages = float(sys.argv[3]), sys.argv[4], sys.argv[5]
+runs = {n: json.loads((root / f"fleet_{n}.json").read_text()) for n in (1, 2)}
 gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                       capture_output=True, text=True).stdout.split("\n")
 ratio = runs[2]["rows_per_min"] / runs[1]["rows_per_min"]
