@@ -74,10 +74,21 @@ def _workloads(torch):
     return {"mlp": MLP, "attn": AttnProj}
 
 
-def _time_calls(torch, fn, x, repeats: int) -> float:
-    """Median ms per call over ``repeats`` CUDA-event-timed batches of calls."""
-    for _ in range(3):
+# Calls run before timing, at least this long: the first timed runs (M=16, same three ATen
+# GEMMs in two processes: 192 vs 104 us in data/bench/e2e_h200.json) came right after compile,
+# three calls in, and disagreed far beyond noise.
+WARMUP_S = 0.5
+
+
+def _time_calls(torch, fn, x, repeats: int) -> dict:
+    """ms per call over ``repeats`` CUDA-event-timed batches of calls, after WARMUP_S of
+    calls: the median, with p20 and p80 as the spread."""
+    t0, calls = time.perf_counter(), 0
+    while calls < 3 or time.perf_counter() - t0 < WARMUP_S:
         fn(x)
+        calls += 1
+        if calls % 8 == 0:
+            torch.cuda.synchronize()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     fn(x)
@@ -92,7 +103,8 @@ def _time_calls(torch, fn, x, repeats: int) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / iters)
-    return statistics.median(times)
+    q = statistics.quantiles(times, n=10, method="inclusive")
+    return {"median": statistics.median(times), "p20": q[1], "p80": q[7]}
 
 
 def _kernel_counts(code: str) -> dict:
@@ -147,9 +159,11 @@ def worker(spec: dict) -> dict:
                 out, code = run_and_get_code(compiled, x)
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
-            step_ms = _time_calls(torch, compiled, x, spec["repeats"])
-            eager_ms = _time_calls(torch, module, x, spec["repeats"])
-        results[name] = {"compile_s": compile_s, "step_ms": step_ms, "eager_ms": eager_ms,
+            step = _time_calls(torch, compiled, x, spec["repeats"])
+            eager = _time_calls(torch, module, x, spec["repeats"])
+        results[name] = {"compile_s": compile_s, "step_ms": step["median"],
+                         "step_ms_p20": step["p20"], "step_ms_p80": step["p80"],
+                         "eager_ms": eager["median"],
                          "rel_err": _rel_err(torch, out, ref),
                          "kernels": _kernel_counts("\n".join(code))}
         del module, compiled
