@@ -21,21 +21,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
-from collections import Counter
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the GPU host runs from an uninstalled checkout
 
 from cutetune import dataset  # noqa: E402
+from cutetune.models.evaluate import geomean  # noqa: E402
 from cutetune.space.enumerate import enumerate_configs  # noqa: E402
 from cutetune.space.suites import suite  # noqa: E402
+from cutetune.tuner.backends import ReplayBackend  # noqa: E402
+from cutetune.tuner.replay import exhaustive_problems  # noqa: E402
 
 
 def unseen_problems(trained_on: str | Path):
@@ -81,28 +83,24 @@ def run(args) -> int:
     return 0
 
 
-def _geomean(xs):
-    xs = [x for x in xs if x and math.isfinite(x)]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+def _geomean(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return geomean(xs) if xs else None
 
 
 def report(args) -> int:
     runs = [json.loads(line) for line in Path(args.runs).read_text().splitlines() if line]
-    table = dataset.load(args.dataset, columns=["problem_key", "backend", "config_key",
-                                                "status", "time_ms"]).to_pylist()
-    sweeps: dict[str, dict[str, float]] = {}
-    for r in table:
-        if r["backend"] == "quack" and r["status"] == "ok":
-            sweeps.setdefault(r["problem_key"], {})[r["config_key"]] = r["time_ms"]
+    backend = ReplayBackend(args.dataset)
+    swept = {p.key() for p in exhaustive_problems(backend)}
     rows = []
     for run_ in runs:
         pk = run_["problem_key"]
         problem = dataset.problem_of(run_["problem"])
         n_valid = len(enumerate_configs(problem.arch, problem))
-        sweep = sweeps.get(pk, {})
-        swept = len(sweep) >= 0.95 * n_valid  # every valid config but a few that failed
-        best_sweep = min(sweep.values()) if swept else None
-        in_sweep = sweep.get(run_["best_config"]) if swept else None
+        sweep = {c.short(): t for c in backend.configs(problem)
+                 if (t := backend.recorded(problem, c).time_ms) is not None}
+        best_sweep = min(sweep.values()) if pk in swept else None
+        in_sweep = sweep.get(run_["best_config"]) if pk in swept else None
         rows.append({
             "problem_key": pk, "m": problem.m, "n": problem.n, "k": problem.k,
             "best_config": run_["best_config"], "tuned_ms": run_["best_ms"],

@@ -259,10 +259,9 @@ def run(args: argparse.Namespace) -> int:
         if new_rows:
             from cutetune.dataset import append
             append(args.dataset, new_rows)
-    wall_s = time.perf_counter() - started
-    _print_result(result, args, name, kind, len(candidates), len(new_rows), cublas)
+    record = _result_record(result, args, name, kind, cublas, time.perf_counter() - started)
+    _print_result(record, args, len(candidates), len(result.earlier), len(new_rows), cublas)
     if args.results:
-        record = _result_record(result, args, name, kind, cublas, wall_s)
         with open(args.results, "a") as f:
             f.write(json.dumps(record) + "\n")
     return 0
@@ -290,33 +289,30 @@ def _result_record(r: TuneResult, args, name: str, kind: str, cublas: dict | Non
     }
 
 
-def _print_result(r: TuneResult, args, name: str, kind: str, n_candidates: int, appended: int,
-                  cublas: dict | None = None):
-    measured = sum(not s.reused for s in r.steps)
-    compile_s = sum(s.compile_s for s in r.steps)
-    bench_s = sum(s.bench_s for s in r.steps)
-    charged = "estimated from recorded costs" if kind == "replay" else "measured"
-    print(f"problem   {r.problem.key()}  ({n_candidates} valid configs)")
-    print(f"study     {name}  [{args.strategy}, {kind}]  "
-          f"{len(r.earlier)} ok configs from earlier runs")
-    print(f"this run  {measured} configs measured, {r.kernels} kernels built; "
-          f"{compile_s:.1f} s compile + {bench_s:.1f} s benchmark ({charged})")
-    print(f"stopped   {r.stop_reason}")
-    failed = sum(s.status != "ok" and not s.reused for s in r.steps)
-    if failed:
-        print(f"failed    {failed} configs (see the study's trials)")
+def _print_result(rec: dict, args, n_candidates: int, n_earlier: int, appended: int,
+                  cublas: dict | None):
+    """The run's record (``_result_record``) for a person."""
+    charged = "estimated from recorded costs" if rec["backend"] == "replay" else "measured"
+    print(f"problem   {rec['problem_key']}  ({n_candidates} valid configs)")
+    print(f"study     {rec['study']}  [{rec['strategy']}, {rec['backend']}]  "
+          f"{n_earlier} ok configs from earlier runs")
+    print(f"this run  {rec['measured']} configs measured, {rec['kernels']} kernels built; "
+          f"{rec['compile_s']:.1f} s compile + {rec['bench_s']:.1f} s benchmark ({charged})")
+    print(f"stopped   {rec['stop_reason']}")
+    if rec["failed"]:
+        print(f"failed    {rec['failed']} configs (see the study's trials)")
     if appended:
         print(f"dataset   {appended} rows appended to {args.dataset}")
-    best = r.best()
-    if best is None:
+    if rec["best_config"] is None:
         print("best      none: no config ran ok")
     else:
-        print(f"best      {best[0]}  {best[1]:.4f} ms")
+        print(f"best      {rec['best_config']}  {rec['best_ms']:.4f} ms")
     if cublas is not None:
         if cublas["status"] != "ok":
             print(f"cuBLAS    {cublas['status']}: {cublas.get('error', '')}")
         else:
-            gain = f"; best is {cublas['time_ms'] / best[1]:.3f}x cuBLAS's speed" if best else ""
+            gain = (f"; best is {rec['speedup_vs_cublas']:.3f}x cuBLAS's speed"
+                    if rec["best_ms"] else "")
             print(f"cuBLAS    {cublas['time_ms']:.4f} ms{gain}")
 
 
