@@ -51,6 +51,8 @@ runs = {n: json.loads((root / f"fleet_{n}.json").read_text()) for n in (1, 2)}
 gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                       capture_output=True, text=True).stdout.split("\n")
 ratio = runs[2]["rows_per_min"] / runs[1]["rows_per_min"]
+steady = (runs[2]["steady_rows_per_min"] / runs[1]["steady_rows_per_min"]
+          if runs[1].get("steady_rows_per_min") and runs[2].get("steady_rows_per_min") else None)
 report = {
     "what": "rows measured per minute by `cutetune collect` fleet workers on one host, "
             "1 worker vs 2 (one per GPU), warm kernel cache, SQLite queue",
@@ -58,10 +60,13 @@ report = {
     "collect_args": work, "gpus": [g for g in gpus if g],
     "rows_per_min": {n: r["rows_per_min"] for n, r in runs.items()},
     "ratio_2_over_1": ratio, "target_ratio": 1.8, "target_met": ratio >= 1.8,
+    "steady_rows_per_min": {n: r.get("steady_rows_per_min") for n, r in runs.items()},
+    "steady_ratio_2_over_1": steady,
     "runs": runs,
 }
 (out / "fleet_throughput.json").write_text(json.dumps(report, indent=1))
-print(json.dumps({k: report[k] for k in ("gpus", "rows_per_min", "ratio_2_over_1", "target_met")}))
+print(json.dumps({k: report[k] for k in ("gpus", "rows_per_min", "ratio_2_over_1", "target_met",
+                                         "steady_ratio_2_over_1")}))
 EOF
       ;;
     *) echo "unknown stage $stage (warm, one, two, report)"; exit 2 ;;

@@ -10,11 +10,15 @@
 #          GPU1: model-guided tuning of unseen problems (scripts/tune_gpu_bench.py), then M 4096
 #   call4  GPU0/GPU1: benchmark M values still missing; then the fleet throughput on both
 #          (scripts/fleet_throughput.sh one two report; the kernel cache is warm from call2)
+#   e2e    (a later session, after kernel prefetch in reduced mode) GPU0: the GPU tests of the
+#          Inductor integration, then the benchmark from small M up; GPU1: from large M down;
+#          every M with cold and warm kernel caches for both cutetune modes
 # Each call's results are packed into $OUT (at most 8 files come back).
 set -uo pipefail
 DEADLINE=$(( $(date +%s) + ${CUTETUNE_CALL_S:-560} ))
 left() { echo $(( DEADLINE - $(date +%s) - ${1:-0} )); }
 E2E=/tmp/e2e TUNE=/tmp/tune RESERVE=0  # RESERVE: seconds the benchmark leaves to later steps
+WARM_FOR=${CUTETUNE_E2E_WARM_FOR:-predicted}  # cutetune modes also run with warm kernel caches
 export PYTHONUNBUFFERED=1 QUACK_CACHE_DIR=/tmp/quack-cache PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$E2E" "$TUNE" "$OUT"
 on() {  # on GPU CMD...: run CMD on one GPU and its half of the cores
@@ -34,12 +38,14 @@ e2e() {  # e2e GPU M...: the benchmark for each M not done yet, each its own par
     e2e_done "$m" && continue
     mkdir "$E2E/claim_${CALL}_m$m" 2>/dev/null || continue  # the other GPU has it
     [ "$(left $((60 + RESERVE)))" -gt 0 ] || { echo "no time for M=$m"; continue; }
-    on "$gpu" python scripts/bench_e2e.py --ms "$m" --warm-for predicted --budget-s "$(left $((20 + RESERVE)))" \
+    # shellcheck disable=SC2086
+    on "$gpu" python scripts/bench_e2e.py --ms "$m" --warm-for $WARM_FOR \
+      --budget-s "$(left $((20 + RESERVE)))" $([ "$m" = 1 ] || echo --skip-overhead) \
       --out "$E2E/part_m$m.json" >> "$E2E/e2e.log" 2>&1
   done
 }
 collect() { on 0 env CUTETUNE_CALL_S="$(left 15)" bash scripts/gpu_collect.sh "$@" >> "$OUT/collect.log" 2>&1; }
-CALL=${1:?call2, call3 or call4}
+CALL=${1:?call2, call3, call4 or e2e}
 case $CALL in
   call2)
     nvidia-smi -L
@@ -62,6 +68,13 @@ case $CALL in
     RESERVE=250; e2e 0 1 16 128 1024 8192 & e2e 1 4096 8192 128 16 1 & wait
     CUTETUNE_FLEET_EACH_S=${CUTETUNE_FLEET_EACH_S:-80} bash scripts/fleet_throughput.sh one two report \
       > "$OUT/fleet.log" 2>&1 ;;
+  e2e)
+    WARM_FOR="predicted reduced"
+    ( on 0 timeout 150 python -m pytest -m gpu tests/test_inductor.py -q -p no:cacheprovider \
+        > "$OUT/gpu_tests_inductor.log" 2>&1
+      e2e 0 1 16 128 1024 4096 8192 ) &
+    e2e 1 8192 4096 1024 128 16 1 &
+    wait ;;
 esac
 tar -C "$E2E" -czf "$OUT/e2e.tgz" .
 tail -n 5 "$E2E/e2e.log" 2>/dev/null; tail -n 3 "$OUT/collect.log" 2>/dev/null; ls -la "$OUT"

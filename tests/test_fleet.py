@@ -144,6 +144,9 @@ def test_sqlite_fleet_measures_each_item_once(tmp_path, recorded):
     storage = fleet.open_storage(url)
     study = _check_exactly_once(storage, name, tmp_path / "out", problems, recorded)
     assert fleet.status(study)["complete"] == 4 * 5  # 150 configs in items of 30
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["items_here"] == 20 and stats["rows_here"] == 4 * 151
+    assert stats["steady_rows_per_min"] > 0 and stats["rows_per_min"] > 0
     work = fleet.Plan.from_json(study.user_attrs[fleet.PLAN_ATTR]).work
     _, _, enqueued = fleet.prepare(storage, name, work, plan_fn=None)  # joins: no new plan
     assert enqueued == 0

@@ -493,6 +493,96 @@ def test_default_model_needs_packaged_heuristics(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------- GPU: torch.compile end to end
+class RecordingPrefetcher:
+    """Stands in for the compile workers: records what it was sent, and when."""
+
+    def __init__(self, fail=False):
+        self.sent, self.fail = [], fail
+
+    def submit(self, kernels):
+        if self.fail:
+            raise OSError("no worker could start")
+        self.sent.append(list(kernels))
+        return len(self.sent[-1])
+
+
+def test_reduced_prefetches_the_graphs_kernels_once_before_benchmarking(fake_gpu):
+    rec, choices_seen = RecordingPrefetcher(), []
+    cache = sa.get_algorithm_selector_cache()
+    # Inductor lowers addmm first; by its choices the whole graph's kernels must be queued
+    cache.add_preprocessing_fn(lambda cs: choices_seen.append(len(rec.sent)) or cs[:1])
+    try:
+        with ci.enable("reduced", top_k=2, model=FakeHeuristics(), prefetch=lambda arch: rec):
+            lower(block, *BLOCK)
+    finally:
+        cache.preprocessing_fns.pop()
+    assert choices_seen == [1, 1, 1] and len(rec.sent) == 1
+    # the mm and the bmm, top-2 each; addmm's epilogue kernels are not the plain ones
+    assert [(p.m, p.n, p.k, p.batch, p.b_major, c) for p, c in rec.sent[0]] == [
+        (64, 256, 512, 1, "n", A), (64, 256, 512, 1, "n", B),
+        (64, 64, 64, 4, "n", A), (64, 64, 64, 4, "n", B)]
+
+
+def test_prefetch_only_in_reduced_mode_and_its_failure_costs_nothing(fake_gpu):
+    rec = RecordingPrefetcher()
+    with ci.enable("predicted", model=FakeHeuristics(), prefetch=lambda arch: rec):
+        lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
+    assert rec.sent == []
+    broken = RecordingPrefetcher(fail=True)
+    cache = sa.get_algorithm_selector_cache()
+    cache.add_preprocessing_fn(lambda cs: cs[:1])
+    try:
+        with ci.enable("reduced", top_k=2, model=FakeHeuristics(), prefetch=lambda arch: broken):
+            assert lower(lambda a, b: a @ b, row(64, 256), row(256, 64)) == [
+                ("extern_kernels.mm", {})]
+    finally:
+        cache.preprocessing_fns.pop()
+    assert ci._prefetch_for is None  # restored with the installation
+
+
+def test_graph_problems_reads_mm_and_bmm_nodes():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, w = torch.randn(64, 256, dtype=BF16), torch.randn(512, 256, dtype=BF16)
+    y, z = torch.randn(4, 64, 32, dtype=BF16), torch.randn(64, 100, dtype=torch.float32)
+    gm = make_fx(lambda x, w, y, z: ((x @ w.t()) @ w, torch.bmm(y, y.transpose(1, 2)),
+                                     z @ z.t(), x @ w.t()))(x, w, y, z)
+    got = ci.graph_problems(gm.graph, "sm90")
+    assert [(p.m, p.n, p.k, p.batch, p.a_major, p.b_major) for p in got] == [
+        (64, 512, 256, 1, "k", "k"), (64, 256, 512, 1, "k", "n"), (64, 64, 32, 4, "k", "k")]
+    assert ci.graph_problems(gm.graph, None) == []  # not a quack GPU: nothing to build
+
+
+def test_prefetcher_reports_kernels_lost_with_its_helper(tmp_path):
+    from cutetune.tuner.prefetch import KernelPrefetcher
+
+    pf = KernelPrefetcher("sm90", workers=1, cache_dir=str(tmp_path))
+    assert pf.submit([(GemmProblem(256, 512, 1024, b_major="k"), A)]) == 1
+    pf.close()  # killed while importing quack: the kernel will never come
+    assert pf.wait(timeout=30) == {"submitted": 1, "done": 0, "failed": 1}
+
+
+@pytest.mark.compile
+def test_prefetcher_compiles_into_quacks_cache_without_a_gpu(tmp_path):
+    """The real workers: forked from the helper that imported quack, GPU-blind, each kernel
+    once; starting does not wait for the helper's imports."""
+    from cutetune.tuner.prefetch import KernelPrefetcher
+
+    pf = KernelPrefetcher("sm90", workers=2, cache_dir=str(tmp_path))
+    try:
+        t0 = time.perf_counter()
+        pf.start()
+        assert time.perf_counter() - t0 < 1.0
+        p = GemmProblem(256, 512, 1024, b_major="k")
+        default = quack_default_config("sm90")
+        assert pf.submit([(p, default), (GemmProblem(64, 512, 1024, b_major="k"), default),
+                          (p, C)]) == 2  # one kernel serves every M
+        assert pf.wait(timeout=300) == {"submitted": 2, "done": 2, "failed": 0}
+    finally:
+        pf.close()
+    assert len(list(tmp_path.rglob("*.o"))) == 2
+
+
 gpu = pytest.mark.gpu
 
 

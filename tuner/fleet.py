@@ -672,6 +672,15 @@ def add_arguments(p) -> None:
                    help="times one item is queued again after its worker died (default 3)")
 
 
+def steady_rate(trials: list[FrozenTrial]) -> float | None:
+    """Rows per minute between the first and the last item completed, leaving out the
+    workers' start-up (imports, compile pools, first kernels) that ``rows_per_min`` includes."""
+    done = sorted((t.datetime_complete.timestamp(), t.values[0]) for t in trials)
+    if len(done) < 2 or done[-1][0] <= done[0][0]:
+        return None
+    return sum(v for _, v in done[1:]) / (done[-1][0] - done[0][0]) * 60
+
+
 def run_fleet(args) -> int:
     """`cutetune collect` in fleet mode: plan or join, run the workers, export."""
     if args.backend != "gpu" and not args.backend.startswith("replay:"):
@@ -721,7 +730,8 @@ def run_fleet(args) -> int:
     exported = export(study, args.out)
     stats = {"study": name, "workers": n, "exit_codes": codes, "elapsed_s": elapsed,
              "items_here": len(mine), "rows_here": rows_here,
-             "rows_per_min": rows_here / elapsed * 60, "study_status": counts,
+             "rows_per_min": rows_here / elapsed * 60,
+             "steady_rows_per_min": steady_rate(mine), "study_status": counts,
              "exported": exported, "time_budget_s": args.time_budget}
     crashed = [c for c in codes if c != 0]
     print(f"fleet: {n} workers here ({len(crashed)} exited abnormally: {crashed}); this host "

@@ -12,7 +12,9 @@ Modes:
              (``AlgorithmSelectorCache.__call__`` returns it as is), so compiling costs a table
              lookup plus the kernel compile, which quack caches on disk.
   reduced    the top-k configs plus ATen, benchmarked by Inductor; ``feedback=PATH`` appends
-             those timings to a cutetune dataset.
+             those timings to a cutetune dataset. When the first GEMM node of a graph is
+             lowered, the top-k kernels of all its mm/bmm nodes go to parallel compile workers
+             (``prefetch.py``), so they compile at once instead of one by one in the benchmark.
   off        nothing installed (an active cutetune installation is lifted for the block).
 Nodes quack cannot run (dtype, layout, alignment, dynamic shapes, a GPU other than sm90/sm100)
 keep Inductor's own candidates: ATen alone under default settings.
@@ -32,6 +34,7 @@ import math
 import os
 import time
 import uuid as uuidlib
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +59,7 @@ from cutetune.space.rules import is_valid
 from . import launcher
 from .heuristics import Heuristics, HeuristicsError, ModelHeuristics, PackagedHeuristics
 from .measure import environment
+from .prefetch import KernelPrefetcher
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +148,34 @@ def problem_from_inputs(op_name: str, kernel_inputs, arch: str | None) -> GemmPr
     return problem
 
 
+# Nodes whose kernels the prefetcher builds: plain GEMMs. addmm's epilogue (bias or C) makes
+# other kernels, which compile on first use as before.
+PREFETCH_TARGETS = (torch.ops.aten.mm.default, torch.ops.aten.bmm.default)
+
+
+def graph_problems(graph: torch.fx.Graph, arch: str | None) -> list[GemmProblem]:
+    """The distinct GemmProblems of a graph's mm/bmm nodes that quack can run, read from their
+    inputs' fake-tensor metadata (the layouts lowering will see, barring a layout Inductor
+    changes, in which case a prefetched kernel goes unused)."""
+    problems = []
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in PREFETCH_TARGETS:
+            continue
+        a, b = (getattr(x, "meta", {}).get("val") for x in node.args[:2])
+        out = node.meta.get("val")
+        if not all(isinstance(t, torch.Tensor) for t in (a, b, out)):
+            continue
+        try:
+            p = launcher.gemm_problem(_static(a.shape, "A sizes"), _static(a.stride(), "A strides"),
+                                      _static(b.shape, "B sizes"), _static(b.stride(), "B strides"),
+                                      a.dtype, out.dtype, arch)
+        except ProblemError:
+            continue
+        if p not in problems:
+            problems.append(p)
+    return problems
+
+
 # ---------------------------------------------------------------- the Inductor hook
 # Heuristics sources by digest: the factory Inductor pickles (2.11) or asks uuid() of (2.13)
 # must stay a few plain fields, so the loaded table is kept here.
@@ -158,6 +190,7 @@ class CuteTuneChoices(InductorChoices):
         self.mode, self.top_k, self.source = mode, top_k, source
         self.heuristics = _SOURCES[source]
         self.externs = launcher.extern_choices()
+        self._prefetched = weakref.WeakSet()  # graphs whose kernels went to the prefetcher
 
     def uuid(self) -> str:
         return f"cutetune-{cutetune.__version__}:{self.mode}:k{self.top_k}:{self.source}"
@@ -189,6 +222,8 @@ class CuteTuneChoices(InductorChoices):
             return super().get_template_configs(*args)
         log.info("cutetune %s %s: %s%s", self.mode, op, d.reason,
                  "".join(f" {c.short()}" for c in d.configs))
+        if self.mode == "reduced" and _prefetch_for is not None:
+            self.prefetch_graph(device_arch(kernel_inputs.device()))
         choices = []
         if d.aten:
             keep = externs if self.mode == "reduced" else [
@@ -207,6 +242,23 @@ class CuteTuneChoices(InductorChoices):
             caller.description = c.short()
             choices.append(caller)
         return choices
+
+
+    def prefetch_graph(self, arch: str) -> None:
+        """Once per graph: send the top-k kernels of all its mm/bmm nodes to the prefetcher.
+        A failure here costs compile time only, never the compile."""
+        graph = V.graph
+        if graph in self._prefetched:
+            return
+        self._prefetched.add(graph)
+        try:
+            kernels = [(p, c) for p in graph_problems(graph.module.graph, arch)
+                       for c in decide(p, self.mode, self.heuristics, self.top_k).configs]
+            n = _prefetch_for(arch).submit(kernels)
+            log.info("cutetune: %d kernels of this graph sent to the compile workers", n)
+        except Exception as e:  # noqa: BLE001
+            log.warning("cutetune: kernel prefetch failed (%s: %s); kernels compile on first use",
+                        type(e).__name__, e)
 
 
 @dataclass(frozen=True)
@@ -299,6 +351,20 @@ class FeedbackRecorder:
 # ---------------------------------------------------------------- installation
 _UNSET = object()
 _HANDLER_KEY = virtualized._choices._key
+# The active installation's prefetcher source in reduced mode: arch -> object with
+# submit(kernels). Compile workers are a process-wide resource, so one prefetcher per arch.
+_prefetch_for = None
+_PREFETCHERS: dict[str, KernelPrefetcher] = {}
+
+
+def shared_prefetcher(arch: str) -> KernelPrefetcher:
+    """This process's prefetcher for ``arch`` (its workers are shut down at exit)."""
+    if arch not in _PREFETCHERS:
+        import atexit
+
+        _PREFETCHERS[arch] = KernelPrefetcher(arch)
+        atexit.register(_PREFETCHERS[arch].close)
+    return _PREFETCHERS[arch]
 
 
 def _swap_thread_handler(value):
@@ -336,8 +402,11 @@ class Installation:
     """An active ``enable()``: a context manager, or call ``disable()``. Restores the previous
     ``inductor_choices_class``, this thread's choices handler and the feedback savers."""
 
-    def __init__(self, factory: ChoicesFactory | None, feedback: FeedbackRecorder | None) -> None:
+    def __init__(self, factory: ChoicesFactory | None, feedback: FeedbackRecorder | None,
+                 prefetch_for=None) -> None:
+        global _prefetch_for
         self.factory, self.feedback = factory, feedback
+        self._prev_prefetch, _prefetch_for = _prefetch_for, prefetch_for
         self._prev_class = inductor_config.inductor_choices_class
         if factory is not None:
             new_class = factory
@@ -352,9 +421,11 @@ class Installation:
         self.active = True
 
     def disable(self) -> None:
+        global _prefetch_for
         if not self.active:
             return
         self.active = False
+        _prefetch_for = self._prev_prefetch
         inductor_config.inductor_choices_class = self._prev_class
         _swap_thread_handler(self._prev_handler)
         if self.feedback is not None:
@@ -370,13 +441,16 @@ class Installation:
 
 
 def enable(mode: str = "predicted", top_k: int | None = None, model=None,
-           feedback: str | os.PathLike | None = None) -> Installation:
+           feedback: str | os.PathLike | None = None, prefetch=True) -> Installation:
     """Install cutetune's choices into Inductor; use as a function or a context manager.
 
     ``model``: a heuristics file (``cutetune emit``), an object with ``lookup(problem)``, or a
     cost model with ``rank``/``prefers_cublas``; default: the heuristics packaged with
     cutetune. ``top_k``: reduced-mode candidates (default REDUCED_TOP_K). ``feedback``: a
-    dataset folder that receives Inductor's reduced-mode timings.
+    dataset folder that receives Inductor's reduced-mode timings. ``prefetch`` (reduced mode):
+    compile each graph's candidate kernels in parallel worker processes, started now so they
+    load while Dynamo traces (True), not at all (False), or a callable ``arch -> object with
+    submit(kernels)``.
     """
     if mode not in MODES:
         raise ValueError(f"unknown cutetune mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -391,7 +465,15 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
     k = 1 if mode == "predicted" else (top_k or REDUCED_TOP_K)
     launcher.extern_choices()  # generated code (also from the FX cache) calls these by name
     factory = ChoicesFactory(mode, k, _resolve_source(model))
-    return Installation(factory, FeedbackRecorder(feedback) if feedback is not None else None)
+    prefetch_for = None
+    if mode == "reduced" and prefetch:
+        # predicted mode compiles one kernel per served node, fewer than a sidecar's start-up
+        prefetch_for = shared_prefetcher if prefetch is True else prefetch
+        arch = torch.cuda.is_available() and device_arch(torch.device("cuda"))
+        if arch and prefetch is True:
+            shared_prefetcher(arch).start()
+    return Installation(factory, FeedbackRecorder(feedback) if feedback is not None else None,
+                        prefetch_for)
 
 
 def enable_from_env(environ=None) -> Installation | None:

@@ -1,0 +1,174 @@
+"""Compile the kernels that Inductor is about to benchmark, in parallel, ahead of the benchmark.
+
+In reduced mode Inductor benchmarks each GEMM node's top-k quack configs in this process, one
+node after another; each cold config compiles on its first call (1.2-2.7 s apiece). The
+prefetcher hands every kernel a graph will need to GPU-blind compile processes as soon as the
+first node is lowered, so they compile at once while Inductor lowers and benchmarks. The
+rendezvous is quack's disk cache: a worker compiles under the kernel's exclusive file lock and
+exports the object file; this process's first launch of the config waits on that lock, then
+loads the file (about 1 ms). A kernel the workers have not reached yet is compiled here as
+before, so a slow or broken prefetcher never changes results, only compile time.
+
+The workers come from one helper process (``python -m cutetune.tuner.prefetch``) that imports
+torch and quack once and forks a child per kernel, so a worker starts in a fraction of a second
+instead of paying ``import cutlass``. The helper is a plain subprocess fed over a pipe: starting
+it does not wait for its imports, and nothing of the user's ``__main__`` runs in it (as it would
+in a multiprocessing worker). ``enable(mode="reduced")`` starts it so it loads while Dynamo
+traces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+
+from cutetune.space.config import KernelConfig
+from cutetune.space.problem import GemmProblem
+
+from .compile import compile_kernel, configure_gpu_blind
+from .executor import signature_class
+
+
+def default_workers() -> int:
+    """Enough for a graph's top-k kernels of a few distinct GEMM shapes, a core left over."""
+    return max(1, min(16, (os.cpu_count() or 2) - 1))
+
+
+class KernelPrefetcher:
+    """Submit (problem, config) kernels for compilation into quack's disk cache; each distinct
+    kernel (``signature_class``) is submitted once per process."""
+
+    def __init__(self, arch: str, workers: int | None = None, cache_dir: str | None = None):
+        self.arch, self.workers = arch, workers or default_workers()
+        # quack's cache root as this process's quack sees it (set at its import from the env)
+        quack_cache = sys.modules.get("quack.cache")
+        self.cache_dir = cache_dir or (getattr(quack_cache, "CACHE_DIR", None) if quack_cache
+                                       else os.environ.get("QUACK_CACHE_DIR"))
+        self.enabled = os.environ.get("QUACK_CACHE_ENABLED", "1") == "1"  # no disk cache: no use
+        self.state: dict[tuple, str] = {}  # kernel -> "pending" | "done" | "failed: ..."
+        self._ids: list[tuple] = []
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the helper now (it imports quack in the background)."""
+        if not self.enabled or self._proc is not None:
+            return
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.cache_dir:
+            env["QUACK_CACHE_DIR"] = self.cache_dir
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "cutetune.tuner.prefetch", self.arch, str(self.workers)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+            text=True, bufsize=1)
+        threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            status, _, rest = line.rstrip("\n").partition(" ")
+            idx, _, detail = rest.partition(" ")
+            with self._lock:
+                key = self._ids[int(idx)]
+                self.state[key] = "done" if status == "done" else f"failed: {detail}"
+        with self._lock:  # the helper is gone: nothing pending will finish
+            for key, s in self.state.items():
+                if s == "pending":
+                    self.state[key] = "failed: the compile helper exited"
+
+    def submit(self, kernels) -> int:
+        """Queue the kernels of ``(problem, config)`` pairs not queued before; how many."""
+        if not self.enabled:
+            return 0
+        self.start()
+        lines = []
+        with self._lock:
+            for problem, config in kernels:
+                key = signature_class(problem, config)
+                if key in self.state:
+                    continue
+                self.state[key] = "pending"
+                self._ids.append(key)
+                lines.append(json.dumps([len(self._ids) - 1, problem.to_dict(),
+                                         config.to_dict()]))
+        try:
+            self._proc.stdin.write("".join(f"{ln}\n" for ln in lines))
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            with self._lock:
+                for key in self._ids[len(self._ids) - len(lines):]:
+                    self.state[key] = "failed: the compile helper exited"
+        return len(lines)
+
+    def stats(self) -> dict:
+        with self._lock:
+            states = list(self.state.values())
+        return {"submitted": len(states), "done": states.count("done"),
+                "failed": sum(s.startswith("failed") for s in states)}
+
+    def wait(self, timeout: float | None = None) -> dict:
+        """Block until every submitted kernel is compiled or failed (tests, benchmarks)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            s = self.stats()
+            if s["done"] + s["failed"] == s["submitted"] or (end and time.monotonic() > end):
+                return s
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        """Stop the helper once its running compiles end (queued ones are dropped)."""
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc = None
+
+
+# ---------------------------------------------------------------- the helper process
+def serve(arch: str, workers: int) -> None:
+    """Read ``[id, problem, config]`` lines; compile each in a child forked from this process,
+    at most ``workers`` at a time; print ``done ID`` or ``failed ID why`` as each ends. Exits
+    after its input closes and its children end. SIGTERM: children finish their kernel (a
+    kernel is written whole or not at all), queued ones are dropped."""
+    configure_gpu_blind(arch, os.environ.get("QUACK_CACHE_DIR"))
+    import quack.gemm  # noqa: F401  (what every child would import: once, here)
+
+    from .compile import kernel_signature  # noqa: F401  (imports cutlass's dtypes)
+
+    queue: list[list] = []
+    running: dict[int, int] = {}  # pid -> id
+    buf, open_input = b"", True
+    while open_input or queue or running:
+        while queue and len(running) < workers:
+            idx, problem, config = queue.pop(0)
+            pid = os.fork()
+            if pid == 0:
+                code = 0
+                try:
+                    compile_kernel(GemmProblem(**problem), KernelConfig.from_dict(config))
+                except BaseException as e:  # noqa: BLE001  (reported by the exit code)
+                    print(f"{type(e).__name__}: {e}"[:300].replace("\n", " "), file=sys.stderr)
+                    code = 1
+                os._exit(code)
+            running[pid] = idx
+        for pid in list(running):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                idx = running.pop(pid)
+                ok = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+                print(f"done {idx}" if ok else f"failed {idx} exit status {status}", flush=True)
+        if open_input and select.select([sys.stdin], [], [], 0.05)[0]:
+            chunk = os.read(sys.stdin.fileno(), 1 << 16)
+            if not chunk:
+                open_input = False
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            queue += [json.loads(ln) for ln in lines if ln.strip()]
+        elif not open_input:
+            time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], int(sys.argv[2]))
