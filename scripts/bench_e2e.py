@@ -285,7 +285,11 @@ def run_gpu(args) -> dict:
                     kind = mode + (f"-{cache}" if cache else "")
                     run = {"mode": mode, "m": m, "kernel_cache": cache}
                     guess = seen_s.get(kind, GUESS_S[mode] / (2 if cache == "warm" else 1))
-                    if guess > left():
+                    cold = res["runs"][-1] if cache == "warm" else None
+                    if cold is not None and cold["status"] != "ok":
+                        run.update(status="skipped", reason="its cold run did not run, so "
+                                   "the kernel cache is not warm")
+                    elif guess > left():
                         run.update(status="skipped", reason=f"budget: ~{guess:.0f} s needed, "
                                    f"{max(left(), 0):.0f} s left")
                     else:
@@ -306,16 +310,18 @@ def run_gpu(args) -> dict:
 
 
 def merge(parts: list[dict]) -> dict:
-    """One result from several runs of this script with the same heuristics: runs
-    concatenated (M ascending), meta of each part kept, launch overhead from the first part
-    that measured it."""
+    """One result from several runs of this script with the same heuristics: runs by M
+    ascending, where a run (mode, M, kernel cache) measured in a later part replaces the same
+    run of an earlier part (a re-run of what was skipped); meta of each part kept, launch
+    overhead from the first part that measured it."""
     digests = {p["meta"]["heuristics_digest"] for p in parts}
     if len(digests) != 1:
         raise SystemExit(f"--merge: the parts used different heuristics ({sorted(digests)})")
     meta = {**parts[0]["meta"], "ms": sorted({m for p in parts for m in p["meta"]["ms"]}),
             "total_s": sum(p["meta"]["total_s"] for p in parts),
             "parts": [p["meta"] for p in parts]}
-    runs = sorted((r for p in parts for r in p["runs"]), key=lambda r: r["m"])
+    latest = {(r["mode"], r["m"], r["kernel_cache"]): r for p in parts for r in p["runs"]}
+    runs = sorted(latest.values(), key=lambda r: r["m"])
     overhead = next((p["launch_overhead"] for p in parts if "launch_overhead" in p), None)
     return {"meta": meta, "runs": runs, "launch_overhead": overhead}
 
