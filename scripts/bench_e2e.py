@@ -81,11 +81,14 @@ def _workloads(torch):
 # GEMMs in two processes: 192 vs 104 us in data/bench/e2e_h200.json) came right after compile,
 # three calls in, and disagreed far beyond noise.
 WARMUP_S = 0.5
+# Each timed batch of calls lasts about this long (data/bench/e2e_h200.json timed 10 batches of
+# ~2 ms, and identical kernels differed by up to 16 % at M >= 1024 between processes).
+BATCH_S = 10e-3
 
 
 def _time_calls(torch, fn, x, repeats: int) -> dict:
-    """ms per call over ``repeats`` CUDA-event-timed batches of calls, after WARMUP_S of
-    calls: the median, with p20 and p80 as the spread."""
+    """ms per call over ``repeats`` CUDA-event-timed batches of calls (each about BATCH_S),
+    after WARMUP_S of calls: the median, with p20 and p80 as the spread."""
     t0, calls = time.perf_counter(), 0
     while calls < 3 or time.perf_counter() - t0 < WARMUP_S:
         fn(x)
@@ -96,7 +99,7 @@ def _time_calls(torch, fn, x, repeats: int) -> dict:
     t0 = time.perf_counter()
     fn(x)
     torch.cuda.synchronize()
-    iters = max(1, min(200, int(2e-3 / max(time.perf_counter() - t0, 1e-6))))
+    iters = max(1, min(1000, int(BATCH_S / max(time.perf_counter() - t0, 1e-6))))
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -160,6 +163,8 @@ def worker(spec: dict) -> dict:
                 out, code = run_and_get_code(compiled, x)
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
+            prefetched = _prefetch_stats(wait=False)
+            _prefetch_stats(wait=True)  # steady state: no background compile left running
             step = _time_calls(torch, compiled, x, spec["repeats"])
             eager = _time_calls(torch, module, x, spec["repeats"])
         results[name] = {"compile_s": compile_s, "step_ms": step["median"],
@@ -168,20 +173,24 @@ def worker(spec: dict) -> dict:
                          "rel_err": _rel_err(torch, out, ref),
                          "kernels": _kernel_counts("\n".join(code)),
                          "quack_imported": not quack_before and "quack" in sys.modules,
-                         "prefetched": _prefetch_stats()}
+                         "prefetched": prefetched}
+        if spec.get("save_code"):
+            fname = f"m{spec['m']}_{mode}_{spec.get('kernel_cache') or 'none'}_{name}.py"
+            Path(spec["save_code"], fname).write_text("\n\n# ----\n".join(code))
         del module, compiled
         torch.cuda.empty_cache()
     return {"workloads": results, "process_s": time.perf_counter() - t_start}
 
 
-def _prefetch_stats() -> dict | None:
-    """Kernels reduced mode sent to its compile workers so far in this process, and how many
-    of them finished compiling."""
+def _prefetch_stats(wait: bool) -> dict | None:
+    """Kernels reduced mode sent to its compile workers so far in this process, by state;
+    with ``wait``, once none is pending."""
     if "cutetune.tuner.inductor" not in sys.modules:
         return None
     from cutetune.tuner.inductor import _PREFETCHERS
 
-    return {arch: pf.stats() for arch, pf in _PREFETCHERS.items()} or None
+    return {arch: pf.wait(timeout=300) if wait else pf.stats()
+            for arch, pf in _PREFETCHERS.items()} or None
 
 
 def overhead_worker(spec: dict) -> dict:
@@ -256,7 +265,7 @@ def run_gpu(args) -> dict:
     else:
         digest = PackagedHeuristics().digest  # raises with instructions when none is shipped
     ms = QUICK_MS if args.quick else tuple(args.ms)
-    repeats = 5 if args.quick else 10
+    repeats = 10 if args.quick else 20
     started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="cutetune_e2e_"))
     res = {"meta": {"argv": sys.argv[1:], "quick": args.quick, "ms": list(ms),
@@ -294,7 +303,8 @@ def run_gpu(args) -> dict:
                                    f"{max(left(), 0):.0f} s left")
                     else:
                         spec = {"kind": "compile", "mode": mode, "m": m, "repeats": repeats,
-                                "heuristics": heuristics, "top_k": args.top_k}
+                                "heuristics": heuristics, "top_k": args.top_k,
+                                "kernel_cache": cache, "save_code": args.save_code}
                         inductor_dir = Path(tempfile.mkdtemp(dir=tmp, prefix="inductor_"))
                         run.update(_run_worker(spec, _env(inductor_dir,
                                                           kernel_dir if cache else None),
@@ -525,6 +535,8 @@ def main(argv=None) -> int:
     ap.add_argument("--heuristics", help="heuristics file (default: the packaged one)")
     ap.add_argument("--top-k", type=int, default=None, help="reduced mode's k")
     ap.add_argument("--budget-s", type=float, default=460.0)
+    ap.add_argument("--save-code", metavar="DIR",
+                    help="write the code Inductor generated for each run into DIR")
     ap.add_argument("--skip-overhead", action="store_true",
                     help="leave out the tiny-GEMM launch overhead (measured by another part)")
     ap.add_argument("--warm-for", nargs="*", default=["predicted", "reduced"],
@@ -536,6 +548,9 @@ def main(argv=None) -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
+    if args.save_code:
+        args.save_code = str(Path(args.save_code).resolve())
+        Path(args.save_code).mkdir(parents=True, exist_ok=True)
     if args.worker:
         spec = json.loads(args.worker)
         print(json.dumps(overhead_worker(spec) if spec["kind"] == "overhead" else worker(spec)))

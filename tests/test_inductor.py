@@ -559,28 +559,34 @@ def test_prefetcher_reports_kernels_lost_with_its_helper(tmp_path):
     pf = KernelPrefetcher("sm90", workers=1, cache_dir=str(tmp_path))
     assert pf.submit([(GemmProblem(256, 512, 1024, b_major="k"), A)]) == 1
     pf.close()  # killed while importing quack: the kernel will never come
-    assert pf.wait(timeout=30) == {"submitted": 1, "done": 0, "failed": 1}
+    assert pf.wait(timeout=30) == {"submitted": 1, "done": 0, "cached": 0, "failed": 1}
 
 
 @pytest.mark.compile
 def test_prefetcher_compiles_into_quacks_cache_without_a_gpu(tmp_path):
     """The real workers: forked from the helper that imported quack, GPU-blind, each kernel
-    once; starting does not wait for the helper's imports."""
+    once; starting does not wait for the helper's imports; a kernel on disk is not rebuilt,
+    and its file is where quack's jit cache looks (``kernel_object_path``)."""
+    from cutetune.tuner.compile import kernel_object_path
     from cutetune.tuner.prefetch import KernelPrefetcher
 
-    pf = KernelPrefetcher("sm90", workers=2, cache_dir=str(tmp_path))
-    try:
-        t0 = time.perf_counter()
-        pf.start()
-        assert time.perf_counter() - t0 < 1.0
-        p = GemmProblem(256, 512, 1024, b_major="k")
-        default = quack_default_config("sm90")
-        assert pf.submit([(p, default), (GemmProblem(64, 512, 1024, b_major="k"), default),
-                          (p, C)]) == 2  # one kernel serves every M
-        assert pf.wait(timeout=300) == {"submitted": 2, "done": 2, "failed": 0}
-    finally:
-        pf.close()
-    assert len(list(tmp_path.rglob("*.o"))) == 2
+    p = GemmProblem(256, 512, 1024, b_major="k")
+    default = quack_default_config("sm90")
+    kernels = [(p, default), (GemmProblem(64, 512, 1024, b_major="k"), default), (p, C)]
+    for expect in ({"submitted": 2, "done": 2, "cached": 0, "failed": 0},
+                   {"submitted": 2, "done": 0, "cached": 2, "failed": 0}):
+        pf = KernelPrefetcher("sm90", workers=2, cache_dir=str(tmp_path))
+        try:
+            t0 = time.perf_counter()
+            pf.start()
+            assert time.perf_counter() - t0 < 1.0
+            assert pf.submit(kernels) == 2  # one kernel serves every M
+            assert pf.wait(timeout=300) == expect
+        finally:
+            pf.close()
+    objects = sorted(tmp_path.rglob("*.o"))
+    assert len(objects) == 2
+    assert sorted(kernel_object_path(q, c, str(tmp_path)) for q, c in kernels[1:]) == objects
 
 
 gpu = pytest.mark.gpu

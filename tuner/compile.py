@@ -85,6 +85,19 @@ def kernel_signature(problem: GemmProblem, config: KernelConfig) -> tuple:
     )
 
 
+def kernel_object_path(problem: GemmProblem, config: KernelConfig, cache_root: str | None = None):
+    """Where quack's ``jit_cache`` keeps this kernel's object file: under ``cache_root`` (default:
+    quack's cache root in this process), a folder per quack source fingerprint, a file per
+    hash of the compile function's name and ``kernel_signature``."""
+    from pathlib import Path
+
+    from quack.cache.jit import _compute_source_fingerprint, _key_to_hash, get_cache_path
+
+    sha = _key_to_hash(("_compile_gemm",) + kernel_signature(problem, config))
+    root = Path(cache_root) if cache_root else get_cache_path()
+    return root / _compute_source_fingerprint() / f"{sha}.o"
+
+
 def kernel_cache_dir(explicit: str | None = None) -> str:
     """quack's on-disk kernel cache: ``explicit``, else $QUACK_CACHE_DIR, else ours."""
     path = explicit or os.environ.get("QUACK_CACHE_DIR") or os.path.join(

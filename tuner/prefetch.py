@@ -30,7 +30,7 @@ import time
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
 
-from .compile import compile_kernel, configure_gpu_blind
+from .compile import compile_kernel, configure_gpu_blind, kernel_object_path
 from .executor import signature_class
 
 
@@ -50,7 +50,8 @@ class KernelPrefetcher:
         self.cache_dir = cache_dir or (getattr(quack_cache, "CACHE_DIR", None) if quack_cache
                                        else os.environ.get("QUACK_CACHE_DIR"))
         self.enabled = os.environ.get("QUACK_CACHE_ENABLED", "1") == "1"  # no disk cache: no use
-        self.state: dict[tuple, str] = {}  # kernel -> "pending" | "done" | "failed: ..."
+        # kernel -> "pending" | "done" (compiled) | "cached" (was on disk) | "failed: ..."
+        self.state: dict[tuple, str] = {}
         self._ids: list[tuple] = []
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
@@ -74,7 +75,7 @@ class KernelPrefetcher:
             idx, _, detail = rest.partition(" ")
             with self._lock:
                 key = self._ids[int(idx)]
-                self.state[key] = "done" if status == "done" else f"failed: {detail}"
+                self.state[key] = status if status in ("done", "cached") else f"failed: {detail}"
         with self._lock:  # the helper is gone: nothing pending will finish
             for key, s in self.state.items():
                 if s == "pending":
@@ -108,6 +109,7 @@ class KernelPrefetcher:
         with self._lock:
             states = list(self.state.values())
         return {"submitted": len(states), "done": states.count("done"),
+                "cached": states.count("cached"),
                 "failed": sum(s.startswith("failed") for s in states)}
 
     def wait(self, timeout: float | None = None) -> dict:
@@ -115,7 +117,8 @@ class KernelPrefetcher:
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             s = self.stats()
-            if s["done"] + s["failed"] == s["submitted"] or (end and time.monotonic() > end):
+            if s["done"] + s["cached"] + s["failed"] == s["submitted"] or (
+                    end and time.monotonic() > end):
                 return s
             time.sleep(0.05)
 
@@ -128,14 +131,15 @@ class KernelPrefetcher:
 
 # ---------------------------------------------------------------- the helper process
 def serve(arch: str, workers: int) -> None:
-    """Read ``[id, problem, config]`` lines; compile each in a child forked from this process,
-    at most ``workers`` at a time; print ``done ID`` or ``failed ID why`` as each ends. Exits
-    after its input closes and its children end. SIGTERM: children finish their kernel (a
-    kernel is written whole or not at all), queued ones are dropped."""
+    """Read ``[id, problem, config]`` lines; print ``cached ID`` for a kernel already on disk,
+    else compile it in a child forked from this process, at most ``workers`` at a time, and
+    print ``done ID`` or ``failed ID why`` as each ends. Exits after its input closes and its
+    children end. SIGTERM: children finish their kernel (a kernel is written whole or not at
+    all), queued ones are dropped. Runs niced: the user's process, which launches the steps
+    being compiled for, keeps the CPU when they compete."""
+    os.nice(10)
     configure_gpu_blind(arch, os.environ.get("QUACK_CACHE_DIR"))
     import quack.gemm  # noqa: F401  (what every child would import: once, here)
-
-    from .compile import kernel_signature  # noqa: F401  (imports cutlass's dtypes)
 
     queue: list[list] = []
     running: dict[int, int] = {}  # pid -> id
@@ -143,11 +147,15 @@ def serve(arch: str, workers: int) -> None:
     while open_input or queue or running:
         while queue and len(running) < workers:
             idx, problem, config = queue.pop(0)
+            problem, config = GemmProblem(**problem), KernelConfig.from_dict(config)
+            if kernel_object_path(problem, config).exists():
+                print(f"cached {idx}", flush=True)
+                continue
             pid = os.fork()
             if pid == 0:
                 code = 0
                 try:
-                    compile_kernel(GemmProblem(**problem), KernelConfig.from_dict(config))
+                    compile_kernel(problem, config)
                 except BaseException as e:  # noqa: BLE001  (reported by the exit code)
                     print(f"{type(e).__name__}: {e}"[:300].replace("\n", " "), file=sys.stderr)
                     code = 1

@@ -1,0 +1,49 @@
+"""scripts/bench_e2e.py on the CPU: merging parts measured apart, and the committed H200 result
+(every M and mode measured, its target checks as the script computes them)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("bench_e2e", REPO / "scripts" / "bench_e2e.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+COMMITTED = REPO / "data" / "bench" / "e2e_h200.json"
+
+
+def _part(runs, digest="d", overhead=True):
+    meta = {"ms": sorted({r["m"] for r in runs}), "heuristics_digest": digest, "total_s": 1.0}
+    part = {"meta": meta, "runs": runs}
+    if overhead:
+        part["launch_overhead"] = {"status": "ok", "from": digest}
+    return part
+
+
+def test_merge_replaces_skipped_runs_with_later_parts_and_checks_heuristics():
+    skipped = {"mode": "reduced", "m": 128, "kernel_cache": "cold", "status": "skipped"}
+    first = _part([{"mode": "default", "m": 128, "kernel_cache": None, "status": "ok"}, skipped])
+    rerun = _part([{**skipped, "status": "ok"}], overhead=False)
+    merged = bench.merge([first, rerun])
+    assert [(r["mode"], r["status"]) for r in merged["runs"]] == [("default", "ok"),
+                                                                    ("reduced", "ok")]
+    assert merged["launch_overhead"] == first["launch_overhead"]
+    with pytest.raises(SystemExit, match="different heuristics"):
+        bench.merge([first, _part([], digest="other")])
+
+
+def test_committed_h200_result_is_complete_and_its_targets_follow_from_its_runs():
+    res = json.loads(COMMITTED.read_text())
+    assert res["meta"]["ms"] == list(bench.MS)
+    kinds = {(r["mode"], r["kernel_cache"]) for r in res["runs"] if r["status"] == "ok"}
+    assert kinds == {("default", None), ("max-autotune", None), ("predicted", "cold"),
+                     ("predicted", "warm"), ("reduced", "cold"), ("reduced", "warm")}
+    assert len([r for r in res["runs"] if r["status"] == "ok"]) == 6 * len(bench.MS)
+    assert res["targets"] == json.loads(json.dumps(bench.targets(res)))
+    for r in res["runs"]:
+        for w in r["workloads"].values():
+            assert w["rel_err"] < 1e-2  # numerics against eager, every mode and M
