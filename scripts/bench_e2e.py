@@ -195,7 +195,9 @@ def _prefetch_stats(wait: bool) -> dict | None:
 
 def overhead_worker(spec: dict) -> dict:
     """Host cost of launching a tiny GEMM: the issuing loop without a sync (host us/call) and
-    with one (wall us/call), for torch.mm and cutetune's launcher with a fixed config."""
+    with one (wall us/call), for torch.mm, cutetune's launcher with a fixed config, and torch.mm
+    again: host-bound compiled steps ran slower in every process that had launched quack
+    kernels, whatever kernels the step itself ran (data/bench/e2e_h200.json, M <= 128)."""
     import torch
 
     from cutetune.space.config import quack_default_config
@@ -206,8 +208,9 @@ def overhead_worker(spec: dict) -> dict:
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     cfg = config_tuple(quack_default_config(device_arch(a.device) or "sm90"))
-    fns = {"torch.mm": lambda: torch.mm(a, b, out=out),
-           "cutetune.quack_mm_out": lambda: quack_mm_out(a, b, out, cfg)}
+    mm = lambda: torch.mm(a, b, out=out)  # noqa: E731
+    fns = {"torch.mm": mm, "cutetune.quack_mm_out": lambda: quack_mm_out(a, b, out, cfg),
+           "torch.mm after quack": mm}
     res = {"size": m, "config": list(cfg)}
     for name, fn in fns.items():
         for _ in range(20):
@@ -227,6 +230,8 @@ def overhead_worker(spec: dict) -> dict:
     torch.testing.assert_close(out, torch.mm(a, b), rtol=2e-2, atol=2e-2)
     res["launcher_minus_torch_host_us"] = (res["cutetune.quack_mm_out"]["host_us"]
                                            - res["torch.mm"]["host_us"])
+    res["torch_after_quack_minus_before_host_us"] = (res["torch.mm after quack"]["host_us"]
+                                                     - res["torch.mm"]["host_us"])
     return res
 
 
