@@ -25,6 +25,7 @@ from cutetune.space.problem import GemmProblem, ProblemError
 from cutetune.tuner import heuristics as hz
 from cutetune.tuner import inductor as ci
 from cutetune.tuner import launcher
+from cutetune.tuner.executor import signature_class
 from cutetune.tuner.heuristics import Grid, Heuristics, HeuristicsError
 
 BF16 = torch.bfloat16
@@ -494,10 +495,10 @@ def test_default_model_needs_packaged_heuristics(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- GPU: torch.compile end to end
 class RecordingPrefetcher:
-    """Stands in for the compile workers: records what it was sent, and when."""
+    """Stands in for the compile workers: records what it was sent and waited for, and when."""
 
     def __init__(self, fail=False):
-        self.sent, self.fail = [], fail
+        self.sent, self.waited, self.fail = [], [], fail
 
     def submit(self, kernels):
         if self.fail:
@@ -505,22 +506,32 @@ class RecordingPrefetcher:
         self.sent.append(list(kernels))
         return len(self.sent[-1])
 
+    def wait_for(self, keys, timeout=None):
+        self.waited.append(list(keys))
+        return True
+
 
 def test_reduced_prefetches_the_graphs_kernels_once_before_benchmarking(fake_gpu):
     rec, choices_seen = RecordingPrefetcher(), []
     cache = sa.get_algorithm_selector_cache()
-    # Inductor lowers addmm first; by its choices the whole graph's kernels must be queued
-    cache.add_preprocessing_fn(lambda cs: choices_seen.append(len(rec.sent)) or cs[:1])
-    try:
-        with ci.enable("reduced", top_k=2, model=FakeHeuristics(), prefetch=lambda arch: rec):
+    with ci.enable("reduced", top_k=2, model=FakeHeuristics(), prefetch=lambda arch: rec):
+        # after cutetune's hook: Inductor lowers addmm first, and by its choices the whole
+        # graph's kernels must be queued
+        cache.add_preprocessing_fn(lambda cs: choices_seen.append(len(rec.sent)) or cs[:1])
+        try:
             lower(block, *BLOCK)
-    finally:
-        cache.preprocessing_fns.pop()
+        finally:
+            cache.preprocessing_fns.pop()
     assert choices_seen == [1, 1, 1] and len(rec.sent) == 1
     # the mm and the bmm, top-2 each; addmm's epilogue kernels are not the plain ones
-    assert [(p.m, p.n, p.k, p.batch, p.b_major, c) for p, c in rec.sent[0]] == [
+    sent = rec.sent[0]
+    assert [(p.m, p.n, p.k, p.batch, p.b_major, c) for p, c in sent] == [
         (64, 256, 512, 1, "n", A), (64, 256, 512, 1, "n", B),
         (64, 64, 64, 4, "n", A), (64, 64, 64, 4, "n", B)]
+    # before each node's benchmark, a wait for that node's prefetched kernels (none for addmm)
+    keys = [signature_class(p, c) for p, c in sent]
+    assert rec.waited == [keys[:2], keys[2:]]
+    assert ci.await_prefetched not in cache.preprocessing_fns  # removed with the installation
 
 
 def test_prefetch_only_in_reduced_mode_and_its_failure_costs_nothing(fake_gpu):

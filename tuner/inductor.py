@@ -59,6 +59,7 @@ from cutetune.space.rules import is_valid
 from . import launcher
 from .heuristics import Heuristics, HeuristicsError, ModelHeuristics, PackagedHeuristics
 from .measure import environment
+from .executor import signature_class
 from .prefetch import KernelPrefetcher
 
 log = logging.getLogger(__name__)
@@ -195,13 +196,13 @@ class CuteTuneChoices(InductorChoices):
     def uuid(self) -> str:
         return f"cutetune-{cutetune.__version__}:{self.mode}:k{self.top_k}:{self.source}"
 
-    def decide_node(self, kernel_inputs, op_name: str) -> NodeDecision:
+    def decide_node(self, kernel_inputs, op_name: str) -> tuple[GemmProblem | None, NodeDecision]:
         try:
             problem = problem_from_inputs(op_name, kernel_inputs,
                                           device_arch(kernel_inputs.device()))
         except ProblemError as e:
-            problem = e
-        return decide(problem, self.mode, self.heuristics, self.top_k)
+            return None, decide(e, self.mode, self.heuristics, self.top_k)
+        return problem, decide(problem, self.mode, self.heuristics, self.top_k)
 
     def get_template_configs(self, kernel_inputs, templates, op_name, kwarg_overrides=None):
         """Answer each mm/addmm/bmm lowering's call: the call holding ATen's kernel gets this
@@ -212,7 +213,7 @@ class CuteTuneChoices(InductorChoices):
         if (op not in PRIMARY_ATEN or kernel_inputs.device_type != "cuda"
                 or not use_aten_gemm_kernels() or V.graph.cpp_wrapper):
             return super().get_template_configs(*args)
-        d = self.decide_node(kernel_inputs, op)
+        problem, d = self.decide_node(kernel_inputs, op)
         if d.leave:
             return super().get_template_configs(*args)
         externs = [t for t in templates if isinstance(t, ExternKernelChoice)]
@@ -222,8 +223,9 @@ class CuteTuneChoices(InductorChoices):
             return super().get_template_configs(*args)
         log.info("cutetune %s %s: %s%s", self.mode, op, d.reason,
                  "".join(f" {c.short()}" for c in d.configs))
-        if self.mode == "reduced" and _prefetch_for is not None:
-            self.prefetch_graph(device_arch(kernel_inputs.device()))
+        prefetching = self.mode == "reduced" and _prefetch_for is not None
+        if prefetching:
+            self.prefetch_graph(problem.arch)
         choices = []
         if d.aten:
             keep = externs if self.mode == "reduced" else [
@@ -240,9 +242,10 @@ class CuteTuneChoices(InductorChoices):
             caller = kernel.bind(kernel_inputs.nodes(), layout,
                                  config=launcher.config_tuple(c), **extra)
             caller.description = c.short()
+            if prefetching and op != "addmm":  # the kernels the prefetcher builds
+                caller.cutetune_kernel = signature_class(problem, c)
             choices.append(caller)
         return choices
-
 
     def prefetch_graph(self, arch: str) -> None:
         """Once per graph: send the top-k kernels of all its mm/bmm nodes to the prefetcher.
@@ -357,6 +360,22 @@ _prefetch_for = None
 _PREFETCHERS: dict[str, KernelPrefetcher] = {}
 
 
+# How long a node's benchmark waits for the compile workers before compiling here instead.
+PREFETCH_WAIT_S = 120.0
+
+
+def await_prefetched(choices: list) -> list:
+    """Inductor preprocessing hook (reduced mode), run on each node's choices just before they
+    are benchmarked: import quack here (the benchmark needs it; meanwhile the workers compile),
+    then wait for the node's kernels that the workers are still building, rather than build
+    them one by one in this process. Choices pass through unchanged."""
+    keys = [k for k in (getattr(c, "cutetune_kernel", None) for c in choices) if k]
+    if keys and _prefetch_for is not None:
+        launcher.import_quack()
+        _prefetch_for(keys[0][0]).wait_for(keys, timeout=PREFETCH_WAIT_S)
+    return choices
+
+
 def shared_prefetcher(arch: str) -> KernelPrefetcher:
     """This process's prefetcher for ``arch`` (its workers are shut down at exit)."""
     if arch not in _PREFETCHERS:
@@ -418,6 +437,9 @@ class Installation:
         self._prev_handler = _swap_thread_handler(_UNSET)
         if feedback is not None:
             get_algorithm_selector_cache().add_feedback_saver(feedback)
+        self.waits_for_prefetch = prefetch_for is not None
+        if self.waits_for_prefetch:
+            get_algorithm_selector_cache().add_preprocessing_fn(await_prefetched)
         self.active = True
 
     def disable(self) -> None:
@@ -428,10 +450,11 @@ class Installation:
         _prefetch_for = self._prev_prefetch
         inductor_config.inductor_choices_class = self._prev_class
         _swap_thread_handler(self._prev_handler)
-        if self.feedback is not None:
-            savers = get_algorithm_selector_cache().feedback_saver_fns
-            if self.feedback in savers:
-                savers.remove(self.feedback)
+        cache = get_algorithm_selector_cache()
+        if self.feedback is not None and self.feedback in cache.feedback_saver_fns:
+            cache.feedback_saver_fns.remove(self.feedback)
+        if self.waits_for_prefetch and await_prefetched in cache.preprocessing_fns:
+            cache.preprocessing_fns.remove(await_prefetched)
 
     def __enter__(self) -> "Installation":
         return self

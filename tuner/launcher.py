@@ -197,6 +197,11 @@ def _quack():
     return _gemm_execute, SplitKMode.SERIAL, RoundingMode.RN
 
 
+def import_quack() -> None:
+    """Import quack now (seconds, once per process) rather than at the first launch."""
+    _quack()
+
+
 def _launch(plan: _Plan, a, b, out, c, alpha, beta) -> None:
     execute, serial, rn = _quack()
     cfg = plan.config

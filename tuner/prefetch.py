@@ -5,9 +5,12 @@ node after another; each cold config compiles on its first call (1.2-2.7 s apiec
 prefetcher hands every kernel a graph will need to GPU-blind compile processes as soon as the
 first node is lowered, so they compile at once while Inductor lowers and benchmarks. The
 rendezvous is quack's disk cache: a worker compiles under the kernel's exclusive file lock and
-exports the object file; this process's first launch of the config waits on that lock, then
-loads the file (about 1 ms). A kernel the workers have not reached yet is compiled here as
-before, so a slow or broken prefetcher never changes results, only compile time.
+exports the object file, which this process's first launch of the config loads (about 1 ms).
+Before a node's benchmark, Inductor's preprocessing hook (``inductor.await_prefetched``) waits
+for that node's kernels still being built: left to itself, this process reached most kernels
+before the workers had started and compiled them one by one (7 of 8 at M=16 in
+data/bench/e2e_h200_recheck.json). A kernel whose worker failed or timed out is compiled here
+as before, so a slow or broken prefetcher never changes results, only compile time.
 
 The workers come from one helper process (``python -m cutetune.tuner.prefetch``) that imports
 torch and quack once and forks a child per kernel, so a worker starts in a fraction of a second
@@ -114,13 +117,21 @@ class KernelPrefetcher:
 
     def wait(self, timeout: float | None = None) -> dict:
         """Block until every submitted kernel is compiled or failed (tests, benchmarks)."""
+        with self._lock:
+            keys = list(self.state)
+        self.wait_for(keys, timeout)
+        return self.stats()
+
+    def wait_for(self, keys, timeout: float | None = None) -> bool:
+        """Block until none of these kernels (``signature_class`` keys) is pending, or the
+        timeout passed; keys never submitted are not waited for. True if none is pending."""
         end = None if timeout is None else time.monotonic() + timeout
         while True:
-            s = self.stats()
-            if s["done"] + s["cached"] + s["failed"] == s["submitted"] or (
-                    end and time.monotonic() > end):
-                return s
-            time.sleep(0.05)
+            with self._lock:
+                pending = any(self.state.get(k) == "pending" for k in keys)
+            if not pending or (end is not None and time.monotonic() > end):
+                return not pending
+            time.sleep(0.02)
 
     def close(self) -> None:
         """Stop the helper once its running compiles end (queued ones are dropped)."""
@@ -135,9 +146,7 @@ def serve(arch: str, workers: int) -> None:
     else compile it in a child forked from this process, at most ``workers`` at a time, and
     print ``done ID`` or ``failed ID why`` as each ends. Exits after its input closes and its
     children end. SIGTERM: children finish their kernel (a kernel is written whole or not at
-    all), queued ones are dropped. Runs niced: the user's process, which launches the steps
-    being compiled for, keeps the CPU when they compete."""
-    os.nice(10)
+    all), queued ones are dropped."""
     configure_gpu_blind(arch, os.environ.get("QUACK_CACHE_DIR"))
     import quack.gemm  # noqa: F401  (what every child would import: once, here)
 
