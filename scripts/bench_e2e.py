@@ -196,8 +196,8 @@ def _prefetch_stats(wait: bool) -> dict | None:
 def overhead_worker(spec: dict) -> dict:
     """Host cost of launching a tiny GEMM: the issuing loop without a sync (host us/call) and
     with one (wall us/call), for torch.mm, cutetune's launcher with a fixed config, and torch.mm
-    again: host-bound compiled steps ran slower in every process that had launched quack
-    kernels, whatever kernels the step itself ran (data/bench/e2e_h200.json, M <= 128)."""
+    again: host-bound compiled steps often ran slower in processes that had launched quack
+    kernels, whatever kernels the step itself ran (data/bench/e2e_h200_recheck.json, M=16)."""
     import torch
 
     from cutetune.space.config import quack_default_config
