@@ -360,8 +360,10 @@ _prefetch_for = None
 _PREFETCHERS: dict[str, KernelPrefetcher] = {}
 
 
-# How long a node's benchmark waits for the compile workers before compiling here instead.
-PREFETCH_WAIT_S = 120.0
+# How long a node's benchmark waits for the compile workers before compiling here instead:
+# the helper's start (its imports) plus a few rounds of compiles, the slowest of all 1200 sm90
+# kernels taking 6.2 s on the H200 host (data/reports/gpu/warm_space_check_h200x2.json).
+PREFETCH_WAIT_S = 60.0
 
 
 def await_prefetched(choices: list) -> list:
