@@ -507,6 +507,8 @@ class RecordingPrefetcher:
         return len(self.sent[-1])
 
     def wait_for(self, keys, timeout=None):
+        if self.fail:
+            raise OSError("the helper is gone")
         self.waited.append(list(keys))
         return True
 
@@ -539,15 +541,15 @@ def test_prefetch_only_in_reduced_mode_and_its_failure_costs_nothing(fake_gpu):
     with ci.enable("predicted", model=FakeHeuristics(), prefetch=lambda arch: rec):
         lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
     assert rec.sent == []
-    broken = RecordingPrefetcher(fail=True)
+    broken = RecordingPrefetcher(fail=True)  # submit and wait_for both raise
     cache = sa.get_algorithm_selector_cache()
-    cache.add_preprocessing_fn(lambda cs: cs[:1])
-    try:
-        with ci.enable("reduced", top_k=2, model=FakeHeuristics(), prefetch=lambda arch: broken):
+    with ci.enable("reduced", top_k=2, model=FakeHeuristics(), prefetch=lambda arch: broken):
+        cache.add_preprocessing_fn(lambda cs: cs[:1])  # after cutetune's wait
+        try:
             assert lower(lambda a, b: a @ b, row(64, 256), row(256, 64)) == [
                 ("extern_kernels.mm", {})]
-    finally:
-        cache.preprocessing_fns.pop()
+        finally:
+            cache.preprocessing_fns.pop()
     assert ci._prefetch_for is None  # restored with the installation
 
 
