@@ -10,7 +10,8 @@ Inductor cache (TORCHINDUCTOR_CACHE_DIR); cutetune modes run twice, with empty k
 (warm). Reported per workload: compile wall time (from ``enable()`` to the first call's
 result, so it includes quack's import when the process's first quack kernel is launched then,
 and the start of reduced mode's compile workers), steady-state time per call (CUDA events,
-median of repeats), relative error against eager, and which kernels the GEMMs got. Also the host overhead of one tiny GEMM launch: torch.mm vs cutetune's launcher.
+median of repeats), relative error against eager, and which kernels the GEMMs got. Also the
+host overhead of one tiny GEMM launch: torch.mm vs cutetune's launcher.
 
   python scripts/bench_e2e.py --out data/bench/e2e_h200.json [--quick] [--heuristics H.json]
   python scripts/bench_e2e.py --cpu-only   # heuristics load/lookup timing, no GPU
@@ -350,6 +351,18 @@ def _run_line(run: dict) -> str:
     return head + f" ({run['wall_s']:.0f}s) | " + " | ".join(parts)
 
 
+def _values(res: dict, wl: str, key: str):
+    """``value(mode, m, kernel_cache)``: workload ``wl``'s ``key`` in that run, or None when
+    the run is missing or did not run."""
+    ok = {(r["mode"], r["m"], r["kernel_cache"]): r for r in res["runs"] if r["status"] == "ok"}
+
+    def value(mode, m, cache=None):
+        r = ok.get((mode, m, cache))
+        return r["workloads"][wl][key] if r else None
+
+    return value
+
+
 def targets(res: dict) -> dict:
     """The issue's targets, checked per workload on the runs present (a missing run leaves
     its check out; ``checked`` counts what was compared):
@@ -359,27 +372,22 @@ def targets(res: dict) -> dict:
       reduced: compile no slower than max-autotune (cold kernels and warm); step time no
         slower than predicted's (cold runs), within the same 1 % as predicted's step target
         (two runs of identical kernels differ by about that much)."""
-    ok = {(r["mode"], r["m"], r["kernel_cache"]): r for r in res["runs"] if r["status"] == "ok"}
-
-    def get(mode, m, cache, wl, key):
-        r = ok.get((mode, m, cache))
-        return r["workloads"][wl][key] if r else None
+    from cutetune.models.evaluate import geomean
 
     out = {}
     for wl in ("mlp", "attn"):
+        compile_s, step_ms = _values(res, wl, "compile_s"), _values(res, wl, "step_ms")
         checks: dict[str, list] = {k: [] for k in (
             "predicted_compile_cold_over_default_s", "predicted_compile_warm_over_default_s",
             "predicted_step_over_best_ratio", "reduced_compile_cold_over_max_autotune_s",
             "reduced_compile_warm_over_max_autotune_s", "reduced_step_over_predicted_ratio")}
         big = []
         for m in res["meta"]["ms"]:
-            d_c, ma_c = get("default", m, None, wl, "compile_s"), get("max-autotune", m, None, wl,
-                                                                      "compile_s")
-            steps = [v for v in (get("default", m, None, wl, "step_ms"),
-                                 get("max-autotune", m, None, wl, "step_ms")) if v]
-            p_step = get("predicted", m, "cold", wl, "step_ms")
+            d_c, ma_c = compile_s("default", m), compile_s("max-autotune", m)
+            steps = [v for v in (step_ms("default", m), step_ms("max-autotune", m)) if v]
+            p_step = step_ms("predicted", m, "cold")
             for cache in ("cold", "warm"):
-                pc, rc = (get(mo, m, cache, wl, "compile_s") for mo in ("predicted", "reduced"))
+                pc, rc = (compile_s(mo, m, cache) for mo in ("predicted", "reduced"))
                 if pc is not None and d_c is not None:
                     checks[f"predicted_compile_{cache}_over_default_s"].append((m, pc - d_c))
                 if rc is not None and ma_c is not None:
@@ -388,7 +396,7 @@ def targets(res: dict) -> dict:
                 checks["predicted_step_over_best_ratio"].append((m, p_step / min(steps)))
                 if m >= 1024:
                     big.append(p_step / min(steps))
-            r_step = get("reduced", m, "cold", wl, "step_ms")
+            r_step = step_ms("reduced", m, "cold")
             if r_step and p_step:
                 checks["reduced_step_over_predicted_ratio"].append((m, r_step / p_step))
         limits = {"predicted_compile_cold_over_default_s": 2.0,
@@ -400,7 +408,7 @@ def targets(res: dict) -> dict:
         res_wl = {k: {"limit": limits[k], "by_m": dict(v), "checked": len(v),
                       "met": all(x <= limits[k] for _, x in v) if v else None}
                   for k, v in checks.items()}
-        gm = float(np.exp(np.mean(np.log(big)))) if big else None
+        gm = geomean(big) if big else None
         res_wl["predicted_step_geomean_m_ge_1024_over_best"] = {
             "limit": 0.97, "value": gm, "checked": len(big),
             "met": None if gm is None else gm <= 0.97}
@@ -421,24 +429,20 @@ def targets_lines(t: dict) -> str:
 
 def ratio_table(res: dict) -> str:
     """Per workload and M: step time against Inductor's default, and compile seconds."""
-    ok = {(r["mode"], r["m"], r["kernel_cache"]): r for r in res["runs"] if r["status"] == "ok"}
     lines = []
     for wl in ("mlp", "attn"):
+        compile_s, step_ms = _values(res, wl, "compile_s"), _values(res, wl, "step_ms")
         lines.append(f"\n{wl}: step-time ratio to default (lower is faster) | compile s "
                      f"(default / max-autotune / predicted cold,warm / reduced cold,warm)")
         lines.append(f"{'M':>5} {'default us':>10} {'max-at':>7} {'pred':>7} {'red':>7} | "
                      f"{'def':>5} {'m-at':>5} {'pred':>11} {'red':>11}")
         for m in res["meta"]["ms"]:
-            def get(mode, cache=None, key="step_ms"):
-                r = ok.get((mode, m, cache))
-                return r["workloads"][wl][key] if r else None
-
-            base = get("default")
+            base = step_ms("default", m)
             ratio = lambda v: f"{v / base:7.2f}" if v and base else f"{'-':>7}"  # noqa: E731
             sec = lambda v: f"{v:5.1f}" if v is not None else f"{'-':>5}"  # noqa: E731
-            step = {mo: get(mo, "cold" if mo in ("predicted", "reduced") else None)
+            step = {mo: step_ms(mo, m, "cold" if mo in ("predicted", "reduced") else None)
                     for mo in MODES}
-            comp = {(mo, c): get(mo, c, "compile_s") for mo in MODES
+            comp = {(mo, c): compile_s(mo, m, c) for mo in MODES
                     for c in (("cold", "warm") if mo in ("predicted", "reduced") else (None,))}
             base_us = f"{base * 1e3:10.1f}" if base else f"{'-':>10}"
             lines.append(

@@ -124,15 +124,21 @@ def _static(values, what: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _static_problem(a_size, a_stride, b_size, b_stride, dtype: torch.dtype,
+                    out_dtype: torch.dtype, arch: str | None) -> GemmProblem:
+    """``launcher.gemm_problem`` for sizes and strides that must be static integers."""
+    return launcher.gemm_problem(
+        _static(a_size, "A sizes"), _static(a_stride, "A strides"),
+        _static(b_size, "B sizes"), _static(b_stride, "B strides"), dtype, out_dtype, arch)
+
+
 def _node_problem(mat1, mat2, out_dtype: torch.dtype, arch: str | None) -> GemmProblem:
     for node, name in ((mat1, "A"), (mat2, "B")):
         offset = _static([node.get_layout().offset], f"{name} offset")[0]
         if offset * node.get_dtype().itemsize % launcher.TMA_ALIGN_BYTES:
             raise ProblemError(f"{name} starts {offset} elements into its buffer (unaligned)")
-    return launcher.gemm_problem(
-        _static(mat1.get_size(), "A sizes"), _static(mat1.get_stride(), "A strides"),
-        _static(mat2.get_size(), "B sizes"), _static(mat2.get_stride(), "B strides"),
-        mat1.get_dtype(), out_dtype, arch)
+    return _static_problem(mat1.get_size(), mat1.get_stride(), mat2.get_size(),
+                           mat2.get_stride(), mat1.get_dtype(), out_dtype, arch)
 
 
 def problem_from_inputs(op_name: str, kernel_inputs, arch: str | None) -> GemmProblem:
@@ -167,9 +173,8 @@ def graph_problems(graph: torch.fx.Graph, arch: str | None) -> list[GemmProblem]
         if not all(isinstance(t, torch.Tensor) for t in (a, b, out)):
             continue
         try:
-            p = launcher.gemm_problem(_static(a.shape, "A sizes"), _static(a.stride(), "A strides"),
-                                      _static(b.shape, "B sizes"), _static(b.stride(), "B strides"),
-                                      a.dtype, out.dtype, arch)
+            p = _static_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype, out.dtype,
+                                arch)
         except ProblemError:
             continue
         if p not in problems:
@@ -425,7 +430,8 @@ def _resolve_source(model) -> str:
 
 class Installation:
     """An active ``enable()``: a context manager, or call ``disable()``. Restores the previous
-    ``inductor_choices_class``, this thread's choices handler and the feedback savers."""
+    ``inductor_choices_class``, this thread's choices handler, the feedback savers, the
+    prefetcher source and the preprocessing hook that waits for it."""
 
     def __init__(self, factory: ChoicesFactory | None, feedback: FeedbackRecorder | None,
                  prefetch_for=None) -> None:
@@ -496,7 +502,8 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
     factory = ChoicesFactory(mode, k, _resolve_source(model))
     prefetch_for = None
     if mode == "reduced" and prefetch:
-        # predicted mode compiles one kernel per served node, fewer than a sidecar's start-up
+        # not in predicted mode: one kernel per served node compiles in less time than the
+        # helper takes to start
         prefetch_for = shared_prefetcher if prefetch is True else prefetch
         arch = torch.cuda.is_available() and device_arch(torch.device("cuda"))
         if arch and prefetch is True:
