@@ -89,7 +89,9 @@ BATCH_S = 10e-3
 
 def _time_calls(torch, fn, x, repeats: int) -> dict:
     """ms per call over ``repeats`` CUDA-event-timed batches of calls (each about BATCH_S),
-    after WARMUP_S of calls: the median, with p20 and p80 as the spread."""
+    after WARMUP_S of calls: the median, with p20 and p80 as the spread; ``host`` is the median
+    time to issue one call (the step is host-bound where it comes near the median); ``cpu``
+    what the threads of this process and the whole machine ran meanwhile (``_cpu_during``)."""
     t0, calls = time.perf_counter(), 0
     while calls < 3 or time.perf_counter() - t0 < WARMUP_S:
         fn(x)
@@ -101,17 +103,68 @@ def _time_calls(torch, fn, x, repeats: int) -> dict:
     fn(x)
     torch.cuda.synchronize()
     iters = max(1, min(1000, int(BATCH_S / max(time.perf_counter() - t0, 1e-6))))
-    times = []
+    times, host = [], []
+    cpu_before = _cpu_sample()
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        t0 = time.perf_counter()
         for _ in range(iters):
             fn(x)
+        host.append((time.perf_counter() - t0) * 1e3 / iters)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / iters)
     median, p20, p80 = np.quantile(times, (0.5, 0.2, 0.8))
-    return {"median": float(median), "p20": float(p20), "p80": float(p80)}
+    return {"median": float(median), "p20": float(p20), "p80": float(p80),
+            "host": float(np.median(host)), "cpu": _cpu_during(cpu_before, _cpu_sample())}
+
+
+def _cpu_sample() -> dict | None:
+    """CPU jiffies of this process's threads (by name) and of the machine, from /proc (None
+    off Linux)."""
+    try:
+        threads = {}
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2:].split()
+            threads[f"{name}/{tid}"] = int(fields[11]) + int(fields[12])  # utime + stime
+        with open("/proc/stat") as f:
+            total = [int(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return None
+    return {"t": time.perf_counter(), "threads": threads,
+            "busy": sum(total) - total[3] - total[4], "total": sum(total)}  # less idle, iowait
+
+
+def _cpu_during(a: dict | None, b: dict | None) -> dict | None:
+    """Cores' worth of CPU between two samples: each thread of this process above 2 % of a
+    core, and the machine's busy cores (other processes included)."""
+    if a is None or b is None:
+        return None
+    span = (b["t"] - a["t"]) * os.sysconf("SC_CLK_TCK")
+    threads = {k: round((v - a["threads"].get(k, 0)) / span, 3) for k, v in b["threads"].items()}
+    return {"threads": {k: v for k, v in sorted(threads.items(), key=lambda kv: -kv[1])
+                        if v >= 0.02},
+            "machine_busy_cores": round((b["busy"] - a["busy"]) / span, 2)}
+
+
+class _LogTimes:
+    """A logging handler keeping cutetune's launcher messages (quack's import time, each
+    kernel's first launch) with their time since ``t0``."""
+
+    def __init__(self):
+        import logging
+
+        self.t0, self.events = time.perf_counter(), []
+        self.handler = logging.Handler(logging.INFO)
+        self.handler.emit = lambda r: self.events.append(
+            [round(time.perf_counter() - self.t0, 3), r.getMessage()])
+        logger = logging.getLogger("cutetune.tuner.launcher")
+        logger.setLevel(logging.INFO)
+        logger.addHandler(self.handler)
 
 
 def _kernel_counts(code: str) -> dict:
@@ -144,12 +197,14 @@ def worker(spec: dict) -> dict:
     if mode == "max-autotune":
         options = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
     results = {}
+    log_times = _LogTimes()
     for name, cls in _workloads(torch).items():
         module = cls().to(dev, torch.bfloat16).eval()
         with torch.no_grad():
             ref = module(x)  # eager: also initializes cuBLAS before the compile is timed
             torch.cuda.synchronize()
             quack_before = "quack" in sys.modules
+            log_times.t0, log_times.events = time.perf_counter(), []
             # Timed from enable(): a user pays what it starts (the reduced-mode compile
             # workers) and, in the process's first compile that launches a quack kernel,
             # quack's import.
@@ -171,6 +226,8 @@ def worker(spec: dict) -> dict:
         results[name] = {"compile_s": compile_s, "step_ms": step["median"],
                          "step_ms_p20": step["p20"], "step_ms_p80": step["p80"],
                          "eager_ms": eager["median"],
+                         "step_host_ms": step["host"], "eager_host_ms": eager["host"],
+                         "step_cpu": step["cpu"], "launcher_log": log_times.events,
                          "rel_err": _rel_err(torch, out, ref),
                          "kernels": _kernel_counts("\n".join(code)),
                          "quack_imported": not quack_before and "quack" in sys.modules,
@@ -196,13 +253,14 @@ def _prefetch_stats(wait: bool) -> dict | None:
 
 def overhead_worker(spec: dict) -> dict:
     """Host cost of launching a tiny GEMM: the issuing loop without a sync (host us/call) and
-    with one (wall us/call), for torch.mm, cutetune's launcher with a fixed config, and torch.mm
-    again: host-bound compiled steps often ran slower in processes that had launched quack
-    kernels, whatever kernels the step itself ran (data/bench/e2e_h200_recheck.json, M=16)."""
+    with one (wall us/call), for torch.mm, torch.mm again once quack is imported, cutetune's
+    launcher with a fixed config, and torch.mm once more: host-bound compiled steps often ran
+    slower in processes that had launched quack kernels, whatever kernels the step itself ran
+    (data/bench/e2e_h200_recheck.json, M=16)."""
     import torch
 
     from cutetune.space.config import quack_default_config
-    from cutetune.tuner.launcher import config_tuple, device_arch, quack_mm_out
+    from cutetune.tuner.launcher import config_tuple, device_arch, import_quack, quack_mm_out
 
     m = n = k = spec["size"]
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -210,10 +268,15 @@ def overhead_worker(spec: dict) -> dict:
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     cfg = config_tuple(quack_default_config(device_arch(a.device) or "sm90"))
     mm = lambda: torch.mm(a, b, out=out)  # noqa: E731
-    fns = {"torch.mm": mm, "cutetune.quack_mm_out": lambda: quack_mm_out(a, b, out, cfg),
-           "torch.mm after quack": mm}
+    steps = (("torch.mm", None, mm), ("torch.mm after quack import", import_quack, mm),
+             ("cutetune.quack_mm_out", None, lambda: quack_mm_out(a, b, out, cfg)),
+             ("torch.mm after quack", None, mm))
     res = {"size": m, "config": list(cfg)}
-    for name, fn in fns.items():
+    for name, before, fn in steps:
+        if before is not None:
+            t0 = time.perf_counter()
+            before()
+            res[f"{before.__name__}_s"] = time.perf_counter() - t0
         for _ in range(20):
             fn()
         torch.cuda.synchronize()

@@ -298,10 +298,12 @@ BLOCK = (row(64, 256), row(512, 256), row(512), row(512, 256), row(4, 64, 64))
 MM, ADDMM = f"extern_kernels.{launcher.MM_KERNEL}", f"extern_kernels.{launcher.ADDMM_KERNEL}"
 
 
-def test_predicted_gives_one_quack_choice_per_node(fake_gpu):
-    fake = FakeHeuristics()
+def test_predicted_gives_one_quack_choice_per_node(fake_gpu, monkeypatch):
+    fake, imports = FakeHeuristics(), []
+    monkeypatch.setattr(launcher, "import_quack_in_background", lambda: imports.append(1))
     with ci.enable("predicted", model=fake):
         kernels = lower(block, *BLOCK)
+    assert len(imports) == 3  # quack's import starts with the first node that chose it
     cfg = launcher.config_tuple(A)
     assert kernels == [(ADDMM, {"config": cfg, "alpha": 1, "beta": 1}), (MM, {"config": cfg}),
                        (MM, {"config": cfg})]
@@ -314,8 +316,11 @@ def test_predicted_falls_back_to_aten(fake_gpu, monkeypatch):
         fp32 = lower(lambda a, b: a @ b, row(64, 256, dtype=torch.float32),
                      row(256, 64, dtype=torch.float32))
         odd_k = lower(lambda a, b: a @ b, row(64, 100), row(100, 64))
+    imports = []
+    monkeypatch.setattr(launcher, "import_quack_in_background", lambda: imports.append(1))
     with ci.enable("predicted", model=FakeHeuristics(prefers_aten=True)):
         cublas = lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
+    assert imports == []  # no quack kernel chosen: quack is not imported
     monkeypatch.setattr(ci, "device_arch", lambda device: None)  # e.g. an A100
     with ci.enable("predicted", model=FakeHeuristics()):
         other_gpu = lower(lambda a, b: a @ b, row(64, 256), row(256, 64))

@@ -199,6 +199,25 @@ def test_a_config_that_fails_to_launch_retires_to_aten(sm90_meta, monkeypatch):
     assert len(rec.calls) == 1  # retired: not tried again
 
 
+def test_background_import_starts_once_and_logs_a_failure(monkeypatch, caplog):
+    calls = []
+
+    def failing_import():
+        calls.append(1)
+        raise ImportError("no quack here")
+
+    monkeypatch.setattr(launcher, "_quack", failing_import)
+    launcher.import_quack_in_background.cache_clear()
+    try:
+        thread = launcher.import_quack_in_background()
+        thread.join(timeout=10)
+        assert launcher.import_quack_in_background() is thread  # once per process
+    finally:
+        launcher.import_quack_in_background.cache_clear()
+    assert calls == [1] and not thread.is_alive()
+    assert "background import of quack failed (ImportError: no quack here)" in caplog.text
+
+
 GPU_BLIND_LAUNCHES = textwrap.dedent("""
     import sys, torch
     from cutetune.tuner.compile import configure_gpu_blind

@@ -228,6 +228,8 @@ class CuteTuneChoices(InductorChoices):
             return super().get_template_configs(*args)
         log.info("cutetune %s %s: %s%s", self.mode, op, d.reason,
                  "".join(f" {c.short()}" for c in d.configs))
+        if d.configs:  # the first launch needs quack: import it while the compile goes on
+            launcher.import_quack_in_background()
         prefetching = self.mode == "reduced" and _prefetch_for is not None
         if prefetching:
             self.prefetch_graph(problem.arch)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
+import time
 from functools import lru_cache
 
 import torch
@@ -190,16 +192,37 @@ def _aten(a, b, out, c, alpha, beta):
 def _quack():
     """quack's entry point and constants, imported on first launch (quack takes seconds to
     import; nothing else here needs it)."""
+    t0 = time.perf_counter()
     from quack.gemm_config import SplitKMode
     from quack.gemm_interface import _gemm_execute
     from quack.rounding import RoundingMode
 
+    log.info("cutetune: imported quack in %.2f s", time.perf_counter() - t0)
     return _gemm_execute, SplitKMode.SERIAL, RoundingMode.RN
 
 
 def import_quack() -> None:
     """Import quack now (seconds, once per process) rather than at the first launch."""
     _quack()
+
+
+@lru_cache(maxsize=None)
+def import_quack_in_background() -> threading.Thread:
+    """Start importing quack in a daemon thread (once per process), for a compile that has
+    just chosen a quack kernel: the import then overlaps the rest of the compile wherever that
+    releases the GIL (Triton compile workers, disk, the GPU) instead of all landing on the
+    first launch. A failed import is logged; the first launch retries it and raises there."""
+
+    def run():
+        try:
+            _quack()
+        except Exception as e:  # noqa: BLE001
+            log.warning("cutetune: background import of quack failed (%s: %s)",
+                        type(e).__name__, e)
+
+    thread = threading.Thread(target=run, name="cutetune-import-quack", daemon=True)
+    thread.start()
+    return thread
 
 
 def _launch(plan: _Plan, a, b, out, c, alpha, beta) -> None:
@@ -252,7 +275,10 @@ def quack_mm_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config,
         _launch(plan, a, b, out, c, alpha, beta)
         return out
     try:  # first launch: compiles (or loads) the kernel
+        t0 = time.perf_counter()
         _launch(plan, a, b, out, c, alpha, beta)
+        log.info("cutetune: first launch of %s on %s @ %s took %.3f s", plan.config.short(),
+                 tuple(a.shape), tuple(b.shape), time.perf_counter() - t0)
     except Exception as e:  # a kernel that cannot be built must not take the model down
         log.warning("cutetune: quack config %s failed on %s @ %s (%s: %s); using ATen",
                     plan.config.short(), tuple(a.shape), tuple(b.shape), type(e).__name__, e)

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The GPU calls of one device session on nvidia-h200 (one H200, 16 cores, nothing else running:
+# step times measured beside another job were not trustworthy, data/bench/e2e_h200.json), from
+# the repo root after `source .gpu/2/unpack.sh`. State lives under /tmp between calls.
+#   a  probes of where quack's first use spends its time (import profile, whether tvm_ffi builds
+#      its torch DLPack add-on), a throwaway compile that warms the page cache, then the
+#      torch.compile benchmark (scripts/bench_e2e.py) at M 1 16 with its launch-overhead worker
+#   b  the benchmark at M 128 1024, then the GPU tests of the launcher and Inductor integration
+# Every benchmark run compares all four modes, cutetune's with cold and warm kernel caches.
+# nvidia-smi samples clocks, power and temperature all along. Results are packed into $OUT.
+set -uo pipefail
+CALL=${1:?a or b}
+DEADLINE=$(( $(date +%s) + ${CUTETUNE_CALL_S:-560} ))
+left() { echo $(( DEADLINE - $(date +%s) - ${1:-0} )); }
+E2E=/tmp/e2e
+export PYTHONUNBUFFERED=1 QUACK_CACHE_DIR=/tmp/quack-cache PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p "$E2E/code" "$OUT"
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+  --format=csv -lms 500 > "$E2E/smi_$CALL.csv" 2>&1 &
+SMI=$!
+bench() {  # bench OUT_NAME EXTRA_ARGS...: every mode at the given M values
+  local name=$1; shift
+  python scripts/bench_e2e.py --modes default max-autotune predicted reduced \
+    --warm-for predicted reduced --save-code "$E2E/code" --budget-s "$(left 20)" "$@" \
+    --out "$E2E/$name.json" 2>&1 | tee -a "$E2E/e2e.log"
+}
+case $CALL in
+  a)
+    nvidia-smi -L
+    { python - <<'EOF'
+import os, torch
+print("torch", torch.__version__, "native DLPack exchange API:",
+      hasattr(torch.Tensor, "__dlpack_c_exchange_api__"))
+d = os.path.expanduser("~/.cache/tvm-ffi")
+print("tvm-ffi cache before quack's first import:", os.listdir(d) if os.path.isdir(d) else None)
+EOF
+      for i in 1 2; do  # the first import on a fresh machine, then a repeat
+        TIMEFORMAT="import $i: %R s wall"
+        time python -X importtime -c "import torch, torch._inductor.compile_fx, \
+torch._inductor.select_algorithm; import quack.gemm_interface" 2> "$E2E/importtime_$i.txt"
+        tail -n 1 "$E2E/importtime_$i.txt"
+      done
+      ls ~/.cache/tvm-ffi 2>&1
+    } 2>&1 | tee "$E2E/probe.log"
+    python scripts/bench_e2e.py --ms 16 --modes default --skip-overhead --out /tmp/warmup.json \
+      > /dev/null 2>&1  # page cache, driver and cuBLAS warm-up; not a result
+    bench part_a --ms 1 16 ;;
+  b)
+    bench part_b --ms 128 1024 --skip-overhead
+    timeout "$(left 10)" python -m pytest -m gpu tests/test_launcher.py tests/test_inductor.py -q \
+      -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests.log" ;;
+esac
+kill "$SMI" 2>/dev/null
+tar -C "$E2E" -czf "$OUT/e2e_$CALL.tgz" .
+ls -la "$OUT"
