@@ -5,8 +5,11 @@
 #   a  probes of where quack's first use spends its time (import profile, whether tvm_ffi builds
 #      its torch DLPack add-on), a throwaway compile that warms the page cache, then the
 #      torch.compile benchmark (scripts/bench_e2e.py) at M 1 16 with its launch-overhead worker
-#   b  the benchmark at M 128 1024, then the GPU tests of the launcher and Inductor integration
-# Every benchmark run compares all four modes, cutetune's with cold and warm kernel caches.
+#   b  CPU/GPU topology; compiled steps of default and cutetune side by side in one process
+#      (scripts/step_ab.py) where fresh processes disagreed; the benchmark at M 128 1024
+#   c  reduced mode again at M 1 16 (after call a: it no longer waits for kernels already in the
+#      disk cache), then the GPU tests of the launcher and Inductor integration
+# The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
 # nvidia-smi samples clocks, power and temperature all along. Results are packed into $OUT.
 set -uo pipefail
 CALL=${1:?a or b}
@@ -18,11 +21,10 @@ mkdir -p "$E2E/code" "$OUT"
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
   --format=csv -lms 500 > "$E2E/smi_$CALL.csv" 2>&1 &
 SMI=$!
-bench() {  # bench OUT_NAME EXTRA_ARGS...: every mode at the given M values
+bench() {  # bench OUT_NAME EXTRA_ARGS...: every mode (or --modes) at the given M values
   local name=$1; shift
   python scripts/bench_e2e.py --modes default max-autotune predicted reduced \
-    --warm-for predicted reduced --save-code "$E2E/code" --budget-s "$(left 20)" "$@" \
-    --out "$E2E/$name.json" 2>&1 | tee -a "$E2E/e2e.log"
+    --warm-for predicted reduced --save-code "$E2E/code" --budget-s "$(left 20)" "$@" --out "$E2E/$name.json" 2>&1 | tee -a "$E2E/e2e.log"
 }
 case $CALL in
   a)
@@ -46,7 +48,15 @@ torch._inductor.select_algorithm; import quack.gemm_interface" 2> "$E2E/importti
       > /dev/null 2>&1  # page cache, driver and cuBLAS warm-up; not a result
     bench part_a --ms 1 16 ;;
   b)
-    bench part_b --ms 128 1024 --skip-overhead
+    { nvidia-smi topo -m; lscpu; } > "$E2E/topology.txt" 2>&1
+    for ab in "predicted attn 1" "reduced mlp 16"; do
+      set -- $ab
+      timeout 150 python scripts/step_ab.py --mode "$1" --workload "$2" --m "$3" \
+        --out "$E2E/ab_$1_$2_m$3.json" 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
+    done
+    bench part_b --ms 128 1024 --skip-overhead ;;
+  c)
+    bench part_c --ms 1 16 --modes reduced --skip-overhead
     timeout "$(left 10)" python -m pytest -m gpu tests/test_launcher.py tests/test_inductor.py -q \
       -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests.log" ;;
 esac

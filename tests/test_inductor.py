@@ -580,6 +580,26 @@ def test_prefetcher_reports_kernels_lost_with_its_helper(tmp_path):
     assert pf.wait(timeout=30) == {"submitted": 1, "done": 0, "cached": 0, "failed": 1}
 
 
+def test_prefetcher_does_not_wait_for_kernels_already_on_disk(tmp_path):
+    """A kernel in quack's cache counts as cached at once, before the helper has started."""
+    from cutetune.tuner.compile import kernel_object_path
+    from cutetune.tuner.prefetch import KernelPrefetcher
+
+    problem, other = GemmProblem(256, 512, 1024), GemmProblem(256, 512, 1024, b_major="n")
+    path = kernel_object_path(problem, A, str(tmp_path))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"an object file")
+    pf = KernelPrefetcher("sm90", workers=1, cache_dir=str(tmp_path))
+    try:
+        assert pf.submit([(problem, A), (other, A)]) == 2
+        t0 = time.monotonic()
+        assert pf.wait_for([signature_class(problem, A)], timeout=60)
+        assert time.monotonic() - t0 < 5  # the helper takes longer than this to import quack
+        assert not pf.wait_for([signature_class(other, A)], timeout=0)  # still compiling
+    finally:
+        pf.close()
+
+
 @pytest.mark.compile
 def test_prefetcher_compiles_into_quacks_cache_without_a_gpu(tmp_path):
     """The real workers: forked from the helper that imported quack, GPU-blind, each kernel

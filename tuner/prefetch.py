@@ -56,6 +56,8 @@ class KernelPrefetcher:
         # kernel -> "pending" | "done" (compiled) | "cached" (was on disk) | "failed: ..."
         self.state: dict[tuple, str] = {}
         self._ids: list[tuple] = []
+        self._kernels: dict[tuple, tuple[GemmProblem, KernelConfig]] = {}
+        self._paths: dict[tuple, object] = {}  # key -> its object file, once asked for
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
 
@@ -96,6 +98,7 @@ class KernelPrefetcher:
                 if key in self.state:
                     continue
                 self.state[key] = "pending"
+                self._kernels[key] = (problem, config)
                 self._ids.append(key)
                 lines.append(json.dumps([len(self._ids) - 1, problem.to_dict(),
                                          config.to_dict()]))
@@ -116,28 +119,47 @@ class KernelPrefetcher:
                 "failed": sum(s.startswith("failed") for s in states)}
 
     def wait(self, timeout: float | None = None) -> dict:
-        """Block until every submitted kernel is compiled or failed (tests, benchmarks)."""
-        with self._lock:
-            keys = list(self.state)
-        self.wait_for(keys, timeout)
+        """Block until the helper has reported every submitted kernel (tests, benchmarks)."""
+        def reported():
+            with self._lock:
+                return "pending" not in self.state.values()
+
+        _poll(reported, timeout)
         return self.stats()
 
     def wait_for(self, keys, timeout: float | None = None) -> bool:
-        """Block until none of these kernels (``signature_class`` keys) is pending, or the
-        timeout passed; keys never submitted are not waited for. True if none is pending."""
-        end = None if timeout is None else time.monotonic() + timeout
-        while True:
+        """Block until each of these kernels (``signature_class`` keys) is reported by the
+        helper or is in quack's disk cache already (another process built it, or the helper,
+        which only reports once its own start is over), or the timeout passed; keys never
+        submitted are not waited for. True if none is left waiting. Needs quack imported in
+        this process (the object file's path is quack's key)."""
+        def ready():
             with self._lock:
-                pending = any(self.state.get(k) == "pending" for k in keys)
-            if not pending or (end is not None and time.monotonic() > end):
-                return not pending
-            time.sleep(0.02)
+                pending = [k for k in keys if self.state.get(k) == "pending"]
+            return all(self._on_disk(k) for k in pending)
+
+        return _poll(ready, timeout)
+
+    def _on_disk(self, key: tuple) -> bool:
+        if key not in self._paths:
+            self._paths[key] = kernel_object_path(*self._kernels[key], self.cache_dir)
+        return self._paths[key].exists()
 
     def close(self) -> None:
         """Stop the helper once its running compiles end (queued ones are dropped)."""
         if self._proc is not None:
             self._proc.terminate()
             self._proc = None
+
+
+def _poll(condition, timeout: float | None) -> bool:
+    """Check ``condition`` every 20 ms until it holds (True) or ``timeout`` s passed (False)."""
+    end = None if timeout is None else time.monotonic() + timeout
+    while not condition():
+        if end is not None and time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 # ---------------------------------------------------------------- the helper process
