@@ -9,6 +9,8 @@
 #      (scripts/step_ab.py) where fresh processes disagreed; the benchmark at M 128 1024
 #   c  reduced mode again at M 1 16 (after call a: it no longer waits for kernels already in the
 #      disk cache), then the GPU tests of the launcher and Inductor integration
+#   d  (after the host-bound rule in tuner/inductor.py) M=128 again: predicted attention beside
+#      the default in one process, then default, predicted and reduced with cold kernel caches
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
 # nvidia-smi samples clocks, power and temperature all along. Results are packed into $OUT.
 set -uo pipefail
@@ -59,6 +61,10 @@ torch._inductor.select_algorithm; import quack.gemm_interface" 2> "$E2E/importti
     bench part_c --ms 1 16 --modes reduced --skip-overhead
     timeout "$(left 10)" python -m pytest -m gpu tests/test_launcher.py tests/test_inductor.py -q \
       -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests.log" ;;
+  d)
+    timeout 150 python scripts/step_ab.py --mode predicted --workload attn --m 128 \
+      --out "$E2E/ab_predicted_attn_m128.json" 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
+    bench part_d --ms 128 --modes default predicted reduced --warm-for --skip-overhead ;;
 esac
 kill "$SMI" 2>/dev/null
 tar -C "$E2E" -czf "$OUT/e2e_$CALL.tgz" .

@@ -97,6 +97,19 @@ def problem_feature_matrix(problem: GemmProblem, configs: Sequence[KernelConfig]
     return feature_matrix(cols, device)
 
 
+def ideal_time_s(problem: GemmProblem, device: DeviceSpec) -> float:
+    """The problem's time at the device's compute or memory ceiling, whichever binds (its
+    operands read and its output written once): no kernel runs it faster."""
+    b, m, n, k = problem.batch, problem.m, problem.n, problem.k
+    min_bytes = b * ((m * k + k * n) * DTYPE_BYTES[problem.dtype]
+                     + m * n * DTYPE_BYTES[problem.out_dtype])
+    return float(_ideal(2.0 * b * m * n * k, min_bytes, device.peak_flops(problem.dtype), device))
+
+
+def _ideal(flops, min_bytes, peak, device: DeviceSpec):
+    return np.maximum(flops / peak, min_bytes / device.mem_bw_bytes_per_s)
+
+
 def _derived(raw: dict[str, np.ndarray], cols: Mapping[str, np.ndarray],
              device: DeviceSpec) -> dict[str, np.ndarray]:
     m, n, k, batch = (raw[f] for f in PROBLEM_FIELDS)
@@ -156,7 +169,7 @@ def _derived(raw: dict[str, np.ndarray], cols: Mapping[str, np.ndarray],
     t_compute = waves_ceil * tile_flops * device.sm_count / peak
     t_memory = bytes_moved / device.mem_bw_bytes_per_s
     roofline = np.maximum(t_compute, t_memory)
-    ideal = np.maximum(flops / peak, min_bytes / device.mem_bw_bytes_per_s)
+    ideal = _ideal(flops, min_bytes, peak, device)
 
     out = {
         "in_bytes": in_bytes, "out_bytes": out_bytes,

@@ -239,6 +239,26 @@ def test_decide_modes():
     assert ci.decide(p, "predicted", FakeHeuristics(prefers_aten=True), 1).leave is False
 
 
+def test_decide_keeps_aten_for_gemms_shorter_than_a_quack_launch():
+    """Llama-3-8B decode: the 4096^2 projections are host-bound on an H200 (7.8 us at its
+    ceiling, data/bench/step_ab_h200_predicted_attn_m1.json measured the loss), the MLP's are not
+    (27.3 us), nor is the 4096^2 projection at M=1024 (43.5 us)."""
+    fake, limit = FakeHeuristics(), ci.QUACK_LAUNCH_HOST_US
+    for mode, k in (("predicted", 1), ("reduced", 5)):
+        d = ci.decide(P(1, 4096, 4096), mode, fake, k, limit)
+        assert d == ci.NodeDecision((), True, d.reason) and d.reason.startswith("host-bound")
+        assert "7.8 us" in d.reason
+        for p in (P(1, 14336, 4096), P(1024, 4096, 4096)):
+            assert ci.decide(p, mode, fake, k, limit).configs
+    assert ci.decide(P(1, 4096, 4096), "predicted", fake, 1, 0.0).configs == (A,)
+
+
+def test_host_bound_limit_is_lifted_under_cuda_graphs():
+    assert ci.host_bound_us() == ci.QUACK_LAUNCH_HOST_US
+    with inductor_config.patch({"triton.cudagraphs": True}):
+        assert ci.host_bound_us() == 0.0
+
+
 def test_decide_drops_configs_invalid_for_the_problem():
     """A stale heuristics file must not hand quack a config its rules reject."""
     short_k = P(512, 4096, 128)  # 2 K tiles: split-K 4 has nothing to split
@@ -258,6 +278,8 @@ def fake_gpu(monkeypatch):
 
     monkeypatch.setattr(iu, "is_big_gpu", lambda *a, **k: False)
     monkeypatch.setattr(ci, "device_arch", lambda device: "sm90")
+    # the test shapes are small enough to be host-bound: lowering is tested without that rule
+    monkeypatch.setattr(ci, "QUACK_LAUNCH_HOST_US", 0.0)
     monkeypatch.setattr(sa.AlgorithmSelectorCache, "do_autotuning",
                         lambda *a, **k: pytest.fail("Inductor benchmarked the choices"))
 
@@ -320,11 +342,14 @@ def test_predicted_falls_back_to_aten(fake_gpu, monkeypatch):
     monkeypatch.setattr(launcher, "import_quack_in_background", lambda: imports.append(1))
     with ci.enable("predicted", model=FakeHeuristics(prefers_aten=True)):
         cublas = lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
+    monkeypatch.setattr(ci, "QUACK_LAUNCH_HOST_US", 27.0)  # the rule fake_gpu lifts
+    with ci.enable("predicted", model=FakeHeuristics()):
+        host_bound = lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
     assert imports == []  # no quack kernel chosen: quack is not imported
     monkeypatch.setattr(ci, "device_arch", lambda device: None)  # e.g. an A100
     with ci.enable("predicted", model=FakeHeuristics()):
         other_gpu = lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
-    for kernels in (fp32, odd_k, cublas, other_gpu):
+    for kernels in (fp32, odd_k, cublas, host_bound, other_gpu):
         assert kernels == [("extern_kernels.mm", {})]
 
 

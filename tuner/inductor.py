@@ -17,7 +17,10 @@ Modes:
              (``prefetch.py``), so they compile at once instead of one by one in the benchmark.
   off        nothing installed (an active cutetune installation is lifted for the block).
 Nodes quack cannot run (dtype, layout, alignment, dynamic shapes, a GPU other than sm90/sm100)
-keep Inductor's own candidates: ATen alone under default settings.
+keep Inductor's own candidates: ATen alone under default settings. Both modes keep ATen alone
+for GEMMs too small to cover a quack launch's host time (``QUACK_LAUNCH_HOST_US``) unless the
+graph runs under CUDA graphs: the cost model and Inductor's benchmark time the GPU only, and at
+small M a step without CUDA graphs waits on the host.
 
 Compile-time decisions come from the heuristics file (``heuristics.py``), not the cost model,
 so lowering stays cheap. The installed choices are part of Inductor's FX-graph cache key
@@ -53,6 +56,8 @@ from torch._inductor.virtualized import V
 
 import cutetune
 from cutetune.space.config import KernelConfig
+from cutetune.space.device import device_for
+from cutetune.space.features import ideal_time_s
 from cutetune.space.problem import GemmProblem, ProblemError
 from cutetune.space.rules import is_valid
 
@@ -92,12 +97,27 @@ class NodeDecision:
     leave: bool = False
 
 
-def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: int) -> NodeDecision:
+# Host time of one quack launch in a compiled step: torch.mm's own (11.2 us, launch_overhead in
+# data/bench/e2e_h200_1gpu.json) plus the 15.8 us that each of two quack GEMMs added to an
+# otherwise identical step (data/bench/step_ab_h200_predicted_attn_m1.json). A GEMM that
+# cannot take longer than this on the GPU gains nothing from a faster kernel where the step is
+# host-bound (no CUDA graphs), and loses the launch's extra host time.
+QUACK_LAUNCH_HOST_US = 27.0
+
+
+def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: int,
+           host_bound_us: float = 0.0) -> NodeDecision:
     """predicted: the top-1 config alone, or ATen alone when the model prefers cuBLAS;
-    reduced: the top-k configs and ATen. ``problem`` is the ProblemError when quack cannot run
-    the node, which is then left to Inductor (ATen alone under its default settings)."""
+    reduced: the top-k configs and ATen. Both: ATen alone when even the device's ceiling
+    (``ideal_time_s``) runs the GEMM in under ``host_bound_us``. ``problem`` is the ProblemError
+    when quack cannot run the node, which is then left to Inductor (ATen alone under its
+    default settings)."""
     if isinstance(problem, ProblemError):
         return NodeDecision((), True, f"unsupported: {problem}", leave=True)
+    ideal_us = ideal_time_s(problem, device_for(problem.arch)) * 1e6
+    if ideal_us < host_bound_us:
+        return NodeDecision((), True, f"host-bound: {ideal_us:.1f} us at the device's ceiling, "
+                                      f"under a quack launch's {host_bound_us:.0f} us of host time")
     try:
         configs, prefers_aten = heuristics.lookup(problem)
     except HeuristicsError as e:
@@ -207,7 +227,8 @@ class CuteTuneChoices(InductorChoices):
                                           device_arch(kernel_inputs.device()))
         except ProblemError as e:
             return None, decide(e, self.mode, self.heuristics, self.top_k)
-        return problem, decide(problem, self.mode, self.heuristics, self.top_k)
+        return problem, decide(problem, self.mode, self.heuristics, self.top_k,
+                               host_bound_us())
 
     def get_template_configs(self, kernel_inputs, templates, op_name, kwarg_overrides=None):
         """Answer each mm/addmm/bmm lowering's call: the call holding ATen's kernel gets this
@@ -263,12 +284,19 @@ class CuteTuneChoices(InductorChoices):
         self._prefetched.add(graph)
         try:
             kernels = [(p, c) for p in graph_problems(graph.module.graph, arch)
-                       for c in decide(p, self.mode, self.heuristics, self.top_k).configs]
+                       for c in decide(p, self.mode, self.heuristics, self.top_k,
+                                       host_bound_us()).configs]
             n = _prefetch_for(arch).submit(kernels)
             log.info("cutetune: %d kernels of this graph sent to the compile workers", n)
         except Exception as e:  # noqa: BLE001
             log.warning("cutetune: kernel prefetch failed (%s: %s); kernels compile on first use",
                         type(e).__name__, e)
+
+
+def host_bound_us() -> float:
+    """``decide``'s host-bound limit for the graph being compiled: none under CUDA graphs
+    (mode="reduce-overhead"), whose replay launches no kernel from the host."""
+    return 0.0 if inductor_config.triton.cudagraphs else QUACK_LAUNCH_HOST_US
 
 
 @dataclass(frozen=True)
