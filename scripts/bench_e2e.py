@@ -90,7 +90,8 @@ BATCH_S = 10e-3
 def _time_calls(torch, fn, x, repeats: int) -> dict:
     """ms per call over ``repeats`` CUDA-event-timed batches of calls (each about BATCH_S),
     after WARMUP_S of calls: the median, with p20 and p80 as the spread; ``host`` is the median
-    time to issue one call (the step is host-bound where it comes near the median); ``cpu``
+    time to issue one call (well under the median: GPU-bound; near it: host-bound, or the
+    launch queue is full); ``cpu``
     what the threads of this process and the whole machine ran meanwhile (``_cpu_during``)."""
     t0, calls = time.perf_counter(), 0
     while calls < 3 or time.perf_counter() - t0 < WARMUP_S:
@@ -254,9 +255,9 @@ def _prefetch_stats(wait: bool) -> dict | None:
 def overhead_worker(spec: dict) -> dict:
     """Host cost of launching a tiny GEMM: the issuing loop without a sync (host us/call) and
     with one (wall us/call), for torch.mm, torch.mm again once quack is imported, cutetune's
-    launcher with a fixed config, and torch.mm once more: host-bound compiled steps often ran
-    slower in processes that had launched quack kernels, whatever kernels the step itself ran
-    (data/bench/e2e_h200_recheck.json, M=16)."""
+    launcher with a fixed config, and torch.mm once more: whether quack's import or launches
+    slow down the host side of everything after them (on the H200 they did not: 16.2, 11.2 and
+    10.0 us for torch.mm in data/bench/e2e_h200_1gpu.json)."""
     import torch
 
     from cutetune.space.config import quack_default_config
@@ -553,7 +554,7 @@ def plot(res: dict, path: Path) -> None:
 def run_cpu(args) -> dict:
     from cutetune.space.problem import GemmProblem
     from cutetune.tuner import heuristics as hz
-    from cutetune.tuner.inductor import REDUCED_TOP_K, decide
+    from cutetune.tuner.inductor import QUACK_LAUNCH_HOST_US, REDUCED_TOP_K, decide
 
     if args.heuristics:
         path, source = Path(args.heuristics), "given file"
@@ -571,8 +572,10 @@ def run_cpu(args) -> dict:
     probs = llama + odd
     per_call = {}
     for name, fn in (("lookup_us", h.lookup),
-                     ("decide_predicted_us", lambda p: decide(p, "predicted", h, 1)),
-                     ("decide_reduced_us", lambda p: decide(p, "reduced", h, REDUCED_TOP_K))):
+                     ("decide_predicted_us",
+                      lambda p: decide(p, "predicted", h, 1, QUACK_LAUNCH_HOST_US)),
+                     ("decide_reduced_us",
+                      lambda p: decide(p, "reduced", h, REDUCED_TOP_K, QUACK_LAUNCH_HOST_US))):
         rounds = []
         for _ in range(15):
             t0 = time.perf_counter()

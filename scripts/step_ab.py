@@ -3,7 +3,7 @@
 alternating batches with eager.
 
 bench_e2e.py times each mode in its own fresh process (it must, for compile times). At small M
-the steps are host-bound, and there the same ATen code ran up to 1.6x slower in one process
+the steps are host-bound, and there the same ATen code ran up to 1.4x slower in one process
 than in another (data/bench/e2e_h200_1gpu.json). Timing both compiled functions side by side
 in one process tells a cost of cutetune's compiled code (its launcher, its wrappers) from a
 difference between processes.

@@ -47,3 +47,25 @@ def test_committed_h200_result_is_complete_and_its_targets_follow_from_its_runs(
     for r in res["runs"]:
         for w in r["workloads"].values():
             assert w["rel_err"] < 1e-2  # numerics against eager, every mode and M
+
+
+def test_single_h200_result_is_complete_and_its_targets_follow_from_its_runs():
+    res = json.loads((REPO / "data" / "bench" / "e2e_h200_1gpu.json").read_text())
+    ok = [r for r in res["runs"] if r["status"] == "ok"]
+    assert res["meta"]["ms"] == [1, 16, 128, 1024] and len(ok) == 6 * 4
+    assert res["targets"] == json.loads(json.dumps(bench.targets(res)))
+    assert all(w["rel_err"] < 1e-2 for r in ok for w in r["workloads"].values())
+
+
+def test_quack_launch_host_time_follows_from_the_committed_measurements():
+    """QUACK_LAUNCH_HOST_US: torch.mm's host time plus what each of the two quack GEMMs added
+    to the same step, timed side by side in one process."""
+    from cutetune.tuner.inductor import QUACK_LAUNCH_HOST_US
+
+    bench_dir = REPO / "data" / "bench"
+    mm = json.loads((bench_dir / "e2e_h200_1gpu.json").read_text())["launch_overhead"]
+    ab = json.loads((bench_dir / "step_ab_h200_predicted_attn_m1.json").read_text())
+    assert ab["kernels"]["predicted"]["quack"] == 2 and ab["kernels"]["default"]["quack"] == 0
+    per_quack = (ab["timed"]["predicted"]["step_us"] - ab["timed"]["default"]["step_us"]) / 2
+    derived = mm["torch.mm after quack import"]["host_us"] + per_quack
+    assert abs(derived - QUACK_LAUNCH_HOST_US) < 0.5, derived

@@ -404,8 +404,9 @@ PREFETCH_WAIT_S = 60.0
 def await_prefetched(choices: list) -> list:
     """Inductor preprocessing hook (reduced mode), run on each node's choices just before they
     are benchmarked: import quack here (the benchmark needs it; meanwhile the workers compile),
-    then wait for the node's kernels that the workers are still building, rather than build
-    them one by one in this process. Choices pass through unchanged."""
+    then wait for the node's kernels that the workers are still building and that are not in
+    quack's disk cache already, rather than build them one by one in this process. Choices
+    pass through unchanged."""
     keys = [k for k in (getattr(c, "cutetune_kernel", None) for c in choices) if k]
     if keys and _prefetch_for is not None:
         try:
