@@ -87,14 +87,14 @@ WARMUP_S = 0.5
 BATCH_S = 10e-3
 
 
-def _time_calls(torch, fn, x, repeats: int) -> dict:
+def _time_calls(torch, fn, x, repeats: int, warmup_s: float = WARMUP_S) -> dict:
     """ms per call over ``repeats`` CUDA-event-timed batches of calls (each about BATCH_S),
-    after WARMUP_S of calls: the median, with p20 and p80 as the spread; ``host`` is the median
-    time to issue one call (well under the median: GPU-bound; near it: host-bound, or the
-    launch queue is full); ``cpu``
-    what the threads of this process and the whole machine ran meanwhile (``_cpu_during``)."""
+    after ``warmup_s`` of calls: the median, with p20 and p80 as the spread; ``host`` is the
+    median time to issue one call (well under the median: GPU-bound; near it: host-bound, or
+    the launch queue is full); ``cpu`` what the threads of this process and the whole machine
+    ran meanwhile (``_cpu_during``)."""
     t0, calls = time.perf_counter(), 0
-    while calls < 3 or time.perf_counter() - t0 < WARMUP_S:
+    while calls < 3 or time.perf_counter() - t0 < warmup_s:
         fn(x)
         calls += 1
         if calls % 8 == 0:

@@ -11,6 +11,9 @@
 #      disk cache), then the GPU tests of the launcher and Inductor integration
 #   d  (after the host-bound rule in tuner/inductor.py) M=128 again: predicted attention beside
 #      the default in one process, then default, predicted and reduced with cold kernel caches
+#   e  smoke run of scripts/step_ab.py (every mode in one process) at M=1024, attention
+#   steps (next session) every M: `python scripts/step_ab.py --m M --out $E2E/ab_mM.json` each,
+#      then here `python scripts/step_ab.py --report ab_m*.json --out data/bench/step_h200.json`
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
 # nvidia-smi samples clocks, power and temperature all along. Results are packed into $OUT.
 set -uo pipefail
@@ -65,6 +68,15 @@ torch._inductor.select_algorithm; import quack.gemm_interface" 2> "$E2E/importti
     timeout 150 python scripts/step_ab.py --mode predicted --workload attn --m 128 \
       --out "$E2E/ab_predicted_attn_m128.json" 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
     bench part_d --ms 128 --modes default predicted reduced --warm-for --skip-overhead ;;
+  e)
+    timeout "$(left 10)" python scripts/step_ab.py --m 1024 --modes default predicted reduced \
+      --workloads attn --rounds 5 --out "$E2E/ab_smoke_m1024.json" 2>&1 | tail -n 3 ;;
+  steps)
+    for m in 1 16 128 1024 4096 8192; do
+      [ "$(left 120)" -gt 0 ] || { echo "no time for M=$m"; continue; }
+      timeout "$(left 10)" python scripts/step_ab.py --m "$m" --out "$E2E/ab_m$m.json" 2>&1 \
+        | tail -n 1 | tee -a "$E2E/ab.log"
+    done ;;
 esac
 kill "$SMI" 2>/dev/null
 tar -C "$E2E" -czf "$OUT/e2e_$CALL.tgz" .

@@ -69,3 +69,37 @@ def test_quack_launch_host_time_follows_from_the_committed_measurements():
     per_quack = (ab["timed"]["predicted"]["step_us"] - ab["timed"]["default"]["step_us"]) / 2
     derived = mm["torch.mm after quack import"]["host_us"] + per_quack
     assert abs(derived - QUACK_LAUNCH_HOST_US) < 0.5, derived
+
+
+def _step_ab():
+    spec = importlib.util.spec_from_file_location("step_ab", REPO / "scripts" / "step_ab.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_step_targets_from_one_process_results():
+    ab = _step_ab()
+
+    def part(m, **step_us):
+        return {"m": m, "workloads": {"mlp": {"step_us": step_us}}}
+
+    parts = [part(16, default=100.0, **{"max-autotune": 90.0}, predicted=90.5, reduced=92.0),
+             part(1024, default=500.0, **{"max-autotune": 505.0}, predicted=480.0,
+                  reduced=480.0),
+             part(4096, default=2000.0, predicted=1950.0)]  # max-autotune not run: best = default
+    t = ab.step_targets(parts)["mlp"]
+    assert t["predicted_step_over_best_ratio"]["by_m"] == {16: 90.5 / 90.0, 1024: 0.96,
+                                                           4096: 0.975}
+    assert t["predicted_step_over_best_ratio"]["met"] is True
+    assert t["reduced_step_over_predicted_ratio"]["by_m"] == {16: 92.0 / 90.5, 1024: 1.0}
+    assert t["reduced_step_over_predicted_ratio"]["met"] is False  # 1.7 % over at M=16
+    big = t["predicted_step_geomean_m_ge_1024_over_best"]
+    assert big["checked"] == 2 and big["met"] is True
+    assert abs(big["value"] - (0.96 * 0.975) ** 0.5) < 1e-12
+
+
+def test_each_compiled_step_gets_its_own_code_object():
+    ab = _step_ab()
+    first, second = ab._fresh_step(len), ab._fresh_step(len)
+    assert first.__code__ is not second.__code__ and first("abc") == second("abc") == 3
