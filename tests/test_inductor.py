@@ -240,15 +240,17 @@ def test_decide_modes():
 
 
 def test_decide_keeps_aten_for_gemms_shorter_than_a_quack_launch():
-    """Llama-3-8B decode: the 4096^2 projections are host-bound on an H200 (7.8 us at its
-    ceiling, data/bench/step_ab_h200_predicted_attn_m1.json measured the loss), the MLP's are not
-    (27.3 us), nor is the 4096^2 projection at M=1024 (43.5 us)."""
+    """Llama-3-8B on an H200: the 4096^2 projections are host-bound at M=1 (7.8 us at its
+    ceiling) and M=1024 (43.5 us), the MLP's at M=1 (27.3 us); the MLP at M=1024 (152 us) and
+    the projections at M=4096 (174 us) are not."""
     fake, limit = FakeHeuristics(), ci.QUACK_LAUNCH_HOST_US
     for mode, k in (("predicted", 1), ("reduced", 5)):
-        d = ci.decide(P(1, 4096, 4096), mode, fake, k, limit)
-        assert d == ci.NodeDecision((), True, d.reason) and d.reason.startswith("host-bound")
-        assert "7.8 us" in d.reason
-        for p in (P(1, 14336, 4096), P(1024, 4096, 4096)):
+        for p, ideal in ((P(1, 4096, 4096), "7.8"), (P(1024, 4096, 4096), "43.5"),
+                         (P(1, 14336, 4096), "27.3")):
+            d = ci.decide(p, mode, fake, k, limit)
+            assert d == ci.NodeDecision((), True, d.reason) and d.reason.startswith("host-bound")
+            assert f"{ideal} us" in d.reason
+        for p in (P(1024, 14336, 4096), P(4096, 4096, 4096)):
             assert ci.decide(p, mode, fake, k, limit).configs
     assert ci.decide(P(1, 4096, 4096), "predicted", fake, 1, 0.0).configs == (A,)
 
@@ -342,7 +344,7 @@ def test_predicted_falls_back_to_aten(fake_gpu, monkeypatch):
     monkeypatch.setattr(launcher, "import_quack_in_background", lambda: imports.append(1))
     with ci.enable("predicted", model=FakeHeuristics(prefers_aten=True)):
         cublas = lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
-    monkeypatch.setattr(ci, "QUACK_LAUNCH_HOST_US", 27.0)  # the rule fake_gpu lifts
+    monkeypatch.setattr(ci, "QUACK_LAUNCH_HOST_US", 48.0)  # the rule fake_gpu lifts
     with ci.enable("predicted", model=FakeHeuristics()):
         host_bound = lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
     assert imports == []  # no quack kernel chosen: quack is not imported

@@ -97,12 +97,15 @@ class NodeDecision:
     leave: bool = False
 
 
-# Host time of one quack launch in a compiled step: torch.mm's own (11.2 us, launch_overhead in
-# data/bench/e2e_h200_1gpu.json) plus the 15.8 us that each of two quack GEMMs added to an
-# otherwise identical step (data/bench/step_ab_h200_predicted_attn_m1.json). A GEMM that
-# cannot take longer than this on the GPU gains nothing from a faster kernel where the step is
-# host-bound (no CUDA graphs), and loses the launch's extra host time.
-QUACK_LAUNCH_HOST_US = 27.0
+# Host time of one quack GEMM in a compiled step without CUDA graphs: the default step's host
+# time per GEMM plus what each quack GEMM added to the same step timed beside it in one process,
+# the larger of two H200 measurements: 25.2 + 15.8 us with two quack GEMMs of four at M=1
+# (data/bench/step_ab_h200_predicted_attn_m1.json), 37.0 + 10.7 us at M=1024
+# (data/bench/step_ab_h200_all_modes_m1024.json, where the quack kernels that Inductor's
+# benchmark picked made the step 14 % slower). A GEMM that cannot take longer than this on the
+# GPU gains nothing from a faster kernel where the step is host-bound, and loses the launch's
+# extra host time.
+QUACK_LAUNCH_HOST_US = 48.0
 
 
 def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: int,
