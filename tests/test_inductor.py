@@ -248,7 +248,8 @@ def test_decide_keeps_aten_for_gemms_shorter_than_a_quack_launch():
         for p, ideal in ((P(1, 4096, 4096), "7.8"), (P(1024, 4096, 4096), "43.5"),
                          (P(1, 14336, 4096), "27.3")):
             d = ci.decide(p, mode, fake, k, limit)
-            assert d == ci.NodeDecision((), True, d.reason) and d.reason.startswith("host-bound")
+            assert d == ci.NodeDecision((), True, d.reason, leave=True)
+            assert d.reason.startswith("host-bound")
             assert f"{ideal} us" in d.reason
         for p in (P(1024, 14336, 4096), P(4096, 4096, 4096)):
             assert ci.decide(p, mode, fake, k, limit).configs

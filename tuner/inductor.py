@@ -17,10 +17,10 @@ Modes:
              (``prefetch.py``), so they compile at once instead of one by one in the benchmark.
   off        nothing installed (an active cutetune installation is lifted for the block).
 Nodes quack cannot run (dtype, layout, alignment, dynamic shapes, a GPU other than sm90/sm100)
-keep Inductor's own candidates: ATen alone under default settings. Both modes keep ATen alone
-for GEMMs too small to cover a quack launch's host time (``QUACK_LAUNCH_HOST_US``) unless the
-graph runs under CUDA graphs: the cost model and Inductor's benchmark time the GPU only, and at
-small M a step without CUDA graphs waits on the host.
+keep Inductor's own candidates: ATen alone under default settings. Both modes leave to
+Inductor the GEMMs too small to cover a quack launch's host time (``QUACK_LAUNCH_HOST_US``)
+unless the graph runs under CUDA graphs: the cost model and Inductor's benchmark time the GPU
+only, and at small M a step without CUDA graphs waits on the host.
 
 Compile-time decisions come from the heuristics file (``heuristics.py``), not the cost model,
 so lowering stays cheap. The installed choices are part of Inductor's FX-graph cache key
@@ -111,16 +111,18 @@ QUACK_LAUNCH_HOST_US = 48.0
 def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: int,
            host_bound_us: float = 0.0) -> NodeDecision:
     """predicted: the top-1 config alone, or ATen alone when the model prefers cuBLAS;
-    reduced: the top-k configs and ATen. Both: ATen alone when even the device's ceiling
-    (``ideal_time_s``) runs the GEMM in under ``host_bound_us``. ``problem`` is the ProblemError
-    when quack cannot run the node, which is then left to Inductor (ATen alone under its
-    default settings)."""
+    reduced: the top-k configs and ATen. A node is left to Inductor (ATen alone under its
+    default settings) when ``problem`` is the ProblemError saying why quack cannot run it, or
+    when even the device's ceiling (``ideal_time_s``) runs the GEMM in under
+    ``host_bound_us``."""
     if isinstance(problem, ProblemError):
         return NodeDecision((), True, f"unsupported: {problem}", leave=True)
     ideal_us = ideal_time_s(problem, device_for(problem.arch)) * 1e6
-    if ideal_us < host_bound_us:
+    if ideal_us < host_bound_us:  # Inductor's own candidates: ATen, or under max-autotune
+        # also its Triton templates, whose launches cost less host time than ATen's
         return NodeDecision((), True, f"host-bound: {ideal_us:.1f} us at the device's ceiling, "
-                                      f"under a quack launch's {host_bound_us:.0f} us of host time")
+                                      f"under a quack launch's {host_bound_us:.0f} us of host "
+                                      f"time", leave=True)
     try:
         configs, prefers_aten = heuristics.lookup(problem)
     except HeuristicsError as e:
