@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import re
@@ -152,20 +153,22 @@ def _cpu_during(a: dict | None, b: dict | None) -> dict | None:
             "machine_busy_cores": round((b["busy"] - a["busy"]) / span, 2)}
 
 
-class _LogTimes:
-    """A logging handler keeping cutetune's launcher messages (quack's import time, each
-    kernel's first launch) with their time since ``t0``."""
+class _LogTimes(logging.Handler):
+    """Keeps cutetune's launcher messages (quack's import time, each kernel's first launch)
+    with their time since the last ``restart()``."""
 
     def __init__(self):
-        import logging
-
-        self.t0, self.events = time.perf_counter(), []
-        self.handler = logging.Handler(logging.INFO)
-        self.handler.emit = lambda r: self.events.append(
-            [round(time.perf_counter() - self.t0, 3), r.getMessage()])
+        super().__init__(logging.INFO)
+        self.restart()
         logger = logging.getLogger("cutetune.tuner.launcher")
         logger.setLevel(logging.INFO)
-        logger.addHandler(self.handler)
+        logger.addHandler(self)
+
+    def restart(self) -> None:
+        self.t0, self.events = time.perf_counter(), []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.events.append([round(time.perf_counter() - self.t0, 3), record.getMessage()])
 
 
 def _kernel_counts(code: str) -> dict:
@@ -205,7 +208,7 @@ def worker(spec: dict) -> dict:
             ref = module(x)  # eager: also initializes cuBLAS before the compile is timed
             torch.cuda.synchronize()
             quack_before = "quack" in sys.modules
-            log_times.t0, log_times.events = time.perf_counter(), []
+            log_times.restart()
             # Timed from enable(): a user pays what it starts (the reduced-mode compile
             # workers) and, in the process's first compile that launches a quack kernel,
             # quack's import.

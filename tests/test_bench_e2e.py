@@ -109,3 +109,15 @@ def test_each_compiled_step_gets_its_own_code_object():
     ab = _step_ab()
     first, second = ab._fresh_step(len), ab._fresh_step(len)
     assert first.__code__ is not second.__code__ and first("abc") == second("abc") == 3
+
+
+def test_cpu_during_timing_names_the_busy_thread():
+    import time
+
+    before = bench._cpu_sample()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.3:  # this thread spins
+        pass
+    cpu = bench._cpu_during(before, bench._cpu_sample())
+    assert max(cpu["threads"].values()) > 0.3 and cpu["machine_busy_cores"] > 0.3
+    assert bench._cpu_during(None, before) is None  # off Linux: nothing sampled

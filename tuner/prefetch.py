@@ -9,10 +9,11 @@ exports the object file, which this process's first launch of the config loads (
 Before a node's benchmark, Inductor's preprocessing hook (``inductor.await_prefetched``) waits
 for that node's kernels still being built: left to itself, this process reached most kernels
 before the workers had started and compiled them one by one (7 of 8 at M=16 in
-data/bench/e2e_h200_recheck.json). A kernel already in quack's disk cache is not waited for:
-the helper reports it only once its own imports are done, which cost a warm compile 8-14 s on
-the H200 host (data/reports/gpu/h200_1gpu/session.log, call a against call c). A kernel whose worker failed or timed out is compiled here
-as before, so a slow or broken prefetcher never changes results, only compile time.
+data/bench/e2e_h200_recheck.json). A kernel already in quack's disk cache is not waited for: the
+helper reports it only once its own imports are done, which cost a warm compile 8-14 s on the
+H200 host (data/reports/gpu/h200_1gpu/session.log, call a against call c). A kernel whose worker
+failed or timed out is compiled here as before, so a slow or broken prefetcher never changes
+results, only compile time.
 
 The workers come from one helper process (``python -m cutetune.tuner.prefetch``) that imports
 torch and quack once and forks a child per kernel, so a worker starts in a fraction of a second
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
@@ -59,7 +61,7 @@ class KernelPrefetcher:
         self.state: dict[tuple, str] = {}
         self._ids: list[tuple] = []
         self._kernels: dict[tuple, tuple[GemmProblem, KernelConfig]] = {}
-        self._paths: dict[tuple, object] = {}  # key -> its object file, once asked for
+        self._paths: dict[tuple, Path] = {}  # key -> its object file, once asked for
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
 
