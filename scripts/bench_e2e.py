@@ -587,8 +587,17 @@ def run_cpu(args) -> dict:
                     fn(p)
             rounds.append((time.perf_counter() - t0) / (20 * len(probs)) * 1e6)
         per_call[name] = {"median": statistics.median(rounds), "max": max(rounds)}
+    decisions = {}  # what each mode gives the benchmark's GEMMs (without CUDA graphs)
+    for p in llama:
+        d = {mode: decide(p, mode, h, k, QUACK_LAUNCH_HOST_US)
+             for mode, k in (("predicted", 1), ("reduced", REDUCED_TOP_K))}
+        decisions[f"{p.m}x{p.n}x{p.k}"] = {
+            "predicted": [c.short() for c in d["predicted"].configs] or "ATen",
+            "reduced_quack_candidates": len(d["reduced"].configs),
+            "reason": d["predicted"].reason}
     return {
-        "what": "cutetune heuristics: load and per-node lookup cost at compile time (CPU)",
+        "what": "cutetune heuristics: load and per-node lookup cost at compile time (CPU), and "
+                "the decisions for the torch.compile benchmark's GEMMs",
         "host": {"machine": platform.machine(), "processor": platform.processor(),
                  "cpus": os.cpu_count(), "python": platform.python_version()},
         "heuristics": {"path": str(path), "source": source, "bytes": path.stat().st_size,
@@ -599,6 +608,8 @@ def run_cpu(args) -> dict:
         **per_call,
         "problems": len(probs),
         "targets": {"load_ms": 100, "lookup_us": 100},
+        "quack_launch_host_us": QUACK_LAUNCH_HOST_US,
+        "decisions": decisions,
     }
 
 
