@@ -491,6 +491,8 @@ def targets_lines(t: dict) -> str:
             w = "-" if worst is None else f"{worst:.3f}"
             lines.append(f"  {wl:4} {k:45} limit {c['limit']:>5}  worst {w:>7}  "
                          f"met {c['met']} ({c['checked']} checked)")
+    lines.append("  (the step checks compare fresh processes, whose host-bound steps differ beyond "
+                 "their kernels: judge them with scripts/step_ab.py --report)")
     return "\n".join(lines)
 
 
