@@ -430,6 +430,31 @@ def _values(res: dict, wl: str, key: str):
     return value
 
 
+# Issue #6's limits, one per check (``targets`` here, ``step_targets`` in step_ab.py).
+LIMITS = {"predicted_compile_cold_over_default_s": 2.0,
+          "predicted_compile_warm_over_default_s": 0.5,
+          "predicted_step_over_best_ratio": 1.01,
+          "reduced_compile_cold_over_max_autotune_s": 0.0,
+          "reduced_compile_warm_over_max_autotune_s": 0.0,
+          "reduced_step_over_predicted_ratio": 1.01,
+          "predicted_step_geomean_m_ge_1024_over_best": 0.97}
+
+
+def limit_check(by_m: dict, limit: float) -> dict:
+    """A check of a value per M against ``limit`` (met: every value at most the limit)."""
+    return {"limit": limit, "by_m": by_m, "checked": len(by_m),
+            "met": all(v <= limit for v in by_m.values()) if by_m else None}
+
+
+def geomean_check(values: list, limit: float) -> dict:
+    """A check of the geometric mean of ``values`` against ``limit``."""
+    from cutetune.models.evaluate import geomean
+
+    gm = geomean(values) if values else None
+    return {"limit": limit, "value": gm, "checked": len(values),
+            "met": None if gm is None else gm <= limit}
+
+
 def targets(res: dict) -> dict:
     """The issue's targets, checked per workload on the runs present (a missing run leaves
     its check out; ``checked`` counts what was compared):
@@ -439,8 +464,6 @@ def targets(res: dict) -> dict:
       reduced: compile no slower than max-autotune (cold kernels and warm); step time no
         slower than predicted's (cold runs), within the same 1 % as predicted's step target
         (two runs of identical kernels differ by about that much)."""
-    from cutetune.models.evaluate import geomean
-
     out = {}
     for wl in ("mlp", "attn"):
         compile_s, step_ms = _values(res, wl, "compile_s"), _values(res, wl, "step_ms")
@@ -466,19 +489,9 @@ def targets(res: dict) -> dict:
             r_step = step_ms("reduced", m, "cold")
             if r_step and p_step:
                 checks["reduced_step_over_predicted_ratio"].append((m, r_step / p_step))
-        limits = {"predicted_compile_cold_over_default_s": 2.0,
-                  "predicted_compile_warm_over_default_s": 0.5,
-                  "predicted_step_over_best_ratio": 1.01,
-                  "reduced_compile_cold_over_max_autotune_s": 0.0,
-                  "reduced_compile_warm_over_max_autotune_s": 0.0,
-                  "reduced_step_over_predicted_ratio": 1.01}
-        res_wl = {k: {"limit": limits[k], "by_m": dict(v), "checked": len(v),
-                      "met": all(x <= limits[k] for _, x in v) if v else None}
-                  for k, v in checks.items()}
-        gm = geomean(big) if big else None
-        res_wl["predicted_step_geomean_m_ge_1024_over_best"] = {
-            "limit": 0.97, "value": gm, "checked": len(big),
-            "met": None if gm is None else gm <= 0.97}
+        res_wl = {k: limit_check(dict(v), LIMITS[k]) for k, v in checks.items()}
+        res_wl["predicted_step_geomean_m_ge_1024_over_best"] = geomean_check(
+            big, LIMITS["predicted_step_geomean_m_ge_1024_over_best"])
         out[wl] = res_wl
     return out
 

@@ -26,13 +26,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_e2e import HIDDEN, _kernel_counts, _time_calls, _workloads  # noqa: E402
+from bench_e2e import (HIDDEN, LIMITS, _kernel_counts, _time_calls, _workloads,  # noqa: E402
+                       geomean_check, limit_check)
 
 MODES = ("default", "max-autotune", "predicted", "reduced")
-# Issue #6's step-time targets: predicted at most 1 % over the better of default and
-# max-autotune at every M, and 3 % under it in geomean over M >= 1024; reduced at most 1 %
-# over predicted (the same 1 % that separates two timings of identical kernels).
-PREDICTED_OVER_BEST, REDUCED_OVER_PREDICTED, PREDICTED_GEOMEAN_BIG = 1.01, 1.01, 0.97
 
 
 def _fresh_step(module):
@@ -88,10 +85,8 @@ def measure(m: int, modes, workloads, rounds: int) -> dict:
 
 
 def step_targets(parts: list[dict]) -> dict:
-    """The step-time targets per workload over one-process results (one per M); a check needs
-    the modes it compares in the same result."""
-    from cutetune.models.evaluate import geomean
-
+    """The issue's step-time targets (bench_e2e.LIMITS) per workload over one-process results
+    (one per M); a check needs the modes it compares in the same result."""
     out = {}
     for wl in sorted({w for p in parts for w in p["workloads"]}):
         pred_best, red_pred, big = {}, {}, []
@@ -104,20 +99,12 @@ def step_targets(parts: list[dict]) -> dict:
                     big.append(pred_best[p["m"]])
             if "predicted" in step and "reduced" in step:
                 red_pred[p["m"]] = step["reduced"] / step["predicted"]
-        gm = geomean(big) if big else None
-        out[wl] = {
-            "predicted_step_over_best_ratio": _check(pred_best, PREDICTED_OVER_BEST),
-            "reduced_step_over_predicted_ratio": _check(red_pred, REDUCED_OVER_PREDICTED),
-            "predicted_step_geomean_m_ge_1024_over_best": {
-                "limit": PREDICTED_GEOMEAN_BIG, "value": gm, "checked": len(big),
-                "met": None if gm is None else gm <= PREDICTED_GEOMEAN_BIG},
-        }
+        out[wl] = {name: limit_check(by_m, LIMITS[name]) for name, by_m in (
+            ("predicted_step_over_best_ratio", pred_best),
+            ("reduced_step_over_predicted_ratio", red_pred))}
+        out[wl]["predicted_step_geomean_m_ge_1024_over_best"] = geomean_check(
+            big, LIMITS["predicted_step_geomean_m_ge_1024_over_best"])
     return out
-
-
-def _check(by_m: dict, limit: float) -> dict:
-    return {"limit": limit, "by_m": by_m, "checked": len(by_m),
-            "met": all(v <= limit for v in by_m.values()) if by_m else None}
 
 
 def main() -> None:
