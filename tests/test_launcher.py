@@ -199,6 +199,24 @@ def test_a_config_that_fails_to_launch_retires_to_aten(sm90_meta, monkeypatch):
     assert len(rec.calls) == 1  # retired: not tried again
 
 
+def test_concurrent_first_uses_import_quack_once(monkeypatch, caplog):
+    """The background import and a first launch asking at once: one import, one log line."""
+    import logging
+    import threading
+
+    monkeypatch.setattr(launcher, "_QUACK", None)
+    got = []
+    with caplog.at_level(logging.INFO, logger=launcher.log.name):
+        threads = [threading.Thread(target=lambda: got.append(launcher._quack()))
+                   for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    assert len(got) == 2 and got[0] is got[1]
+    assert sum("imported quack" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_background_import_starts_once_and_logs_a_failure(monkeypatch, caplog):
     calls = []
 

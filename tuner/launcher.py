@@ -188,17 +188,27 @@ def _aten(a, b, out, c, alpha, beta):
     return out if alpha == 1 else out.mul_(alpha)
 
 
-@lru_cache(maxsize=None)
-def _quack():
-    """quack's entry point and constants, imported on first launch (quack takes seconds to
-    import; nothing else here needs it)."""
-    t0 = time.perf_counter()
-    from quack.gemm_config import SplitKMode
-    from quack.gemm_interface import _gemm_execute
-    from quack.rounding import RoundingMode
+_QUACK: tuple | None = None  # quack's entry point and constants, once imported
+_QUACK_LOCK = threading.Lock()  # one import at a time: the background one or the first launch's
 
-    log.info("cutetune: imported quack in %.2f s", time.perf_counter() - t0)
-    return _gemm_execute, SplitKMode.SERIAL, RoundingMode.RN
+
+def _quack() -> tuple:
+    """quack's entry point and constants, imported on first use (quack takes seconds to
+    import; nothing else here needs it). A thread that asks while another imports waits for
+    that import instead of running its own; a failed import raises and is tried again on the
+    next call."""
+    global _QUACK
+    if _QUACK is None:
+        with _QUACK_LOCK:
+            if _QUACK is None:
+                t0 = time.perf_counter()
+                from quack.gemm_config import SplitKMode
+                from quack.gemm_interface import _gemm_execute
+                from quack.rounding import RoundingMode
+
+                log.info("cutetune: imported quack in %.2f s", time.perf_counter() - t0)
+                _QUACK = (_gemm_execute, SplitKMode.SERIAL, RoundingMode.RN)
+    return _QUACK
 
 
 def import_quack() -> None:
