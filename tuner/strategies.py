@@ -175,10 +175,11 @@ class ModelGuidedSampler(ProposingSampler):
     Each step: the model's log-time predictions, corrected for this problem by the configs
     measured so far, give a posterior mean and spread per candidate (below). Candidates
     predicted more than ``margin`` slower than the best measured time even one standard
-    deviation below their mean are pruned: never compiled. Among the rest the sampler picks the largest expected improvement over the best
-    (in log time, i.e. relative gain) per unit of cost, a config whose kernel is already
-    built costing ``rerun_cost`` of a new one. It stops when no candidate survives the margin
-    or the largest expected improvement is below ``min_gain``.
+    deviation below their mean are pruned: never compiled. Among the rest the sampler picks
+    the largest expected improvement over the best (in log time, i.e. relative gain) per unit
+    of cost, a config whose kernel is already built costing ``rerun_cost`` of a new one. It
+    stops when no candidate survives the margin or the largest expected improvement is below
+    ``min_gain``.
 
     The correction: an affine fit of measured log time on predicted log time (offset, and a
     scale ridge-shrunk to 1 once three configs are measured) fixes the model's level for
