@@ -14,9 +14,10 @@
 #   e  smoke run of scripts/step_ab.py (every mode in one process) at M=1024, attention
 #   steps (next session) every M: `python scripts/step_ab.py --m M --out $E2E/ab_mM.json` each,
 #      then here `python scripts/step_ab.py --report ab_m*.json --out data/bench/step_h200.json`
-#   big  (next session) the benchmark's compile times at M 1024 4096 8192, where the host-bound
+#   big  (next session) the benchmark's compile times at M 4096 8192 1024, where the host-bound
 #      rule leaves quack candidates (below 1024 every mode compiles the default's choices:
-#      `decisions` in data/bench/heuristics_cpu.json); then the GPU tests
+#      `decisions` in data/bench/heuristics_cpu.json)
+#   tests  the GPU tests of the launcher and Inductor integration
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
 # nvidia-smi samples clocks, power and temperature all along. Results are packed into $OUT.
 set -uo pipefail
@@ -81,7 +82,8 @@ torch._inductor.select_algorithm; import quack.gemm_interface" 2> "$E2E/importti
         | tail -n 1 | tee -a "$E2E/ab.log"
     done ;;
   big)
-    bench part_big --ms 1024 4096 8192 --skip-overhead
+    bench part_big --ms 4096 8192 1024 --skip-overhead ;;
+  tests)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_launcher.py tests/test_inductor.py -q \
       -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests.log" ;;
 esac
