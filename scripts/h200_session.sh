@@ -18,6 +18,8 @@
 #      rule leaves quack candidates (below 1024 every mode compiles the default's choices:
 #      `decisions` in data/bench/heuristics_cpu.json)
 #   tests  the GPU tests of the launcher and Inductor integration
+#   hostbound  (after reduced mode offers Triton templates for host-bound mm) its GPU test, every
+#      mode's steps in one process at M 1 16 128 1024, then compile times at M 1 128
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
 # nvidia-smi samples clocks, power and temperature all along. Results are packed into $OUT.
 set -uo pipefail
@@ -86,6 +88,14 @@ torch._inductor.select_algorithm; import quack.gemm_interface" 2> "$E2E/importti
   tests)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_launcher.py tests/test_inductor.py -q \
       -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests.log" ;;
+  hostbound)
+    timeout 150 python -m pytest -m gpu tests/test_inductor.py -k host_bound -q \
+      -p no:cacheprovider 2>&1 | tail -n 3 | tee "$E2E/gpu_tests_hostbound.log"
+    for m in 1 16 128 1024; do
+      timeout "$(left 150)" python scripts/step_ab.py --m "$m" --out "$E2E/ab_hb_m$m.json" 2>&1 \
+        | tail -n 1 | tee -a "$E2E/ab.log"
+    done
+    bench part_hb --ms 1 128 --modes default max-autotune reduced --warm-for --skip-overhead ;;
 esac
 kill "$SMI" 2>/dev/null
 tar -C "$E2E" -czf "$OUT/e2e_$CALL.tgz" .

@@ -248,7 +248,7 @@ def test_decide_keeps_aten_for_gemms_shorter_than_a_quack_launch():
         for p, ideal in ((P(1, 4096, 4096), "7.8"), (P(1024, 4096, 4096), "43.5"),
                          (P(1, 14336, 4096), "27.3")):
             d = ci.decide(p, mode, fake, k, limit)
-            assert d == ci.NodeDecision((), True, d.reason, leave=True)
+            assert d == ci.NodeDecision((), True, d.reason, leave=True, host_bound=True)
             assert d.reason.startswith("host-bound")
             assert f"{ideal} us" in d.reason
         for p in (P(1024, 14336, 4096), P(4096, 4096, 4096)):
@@ -383,6 +383,43 @@ def test_reduced_offers_top_k_and_aten(fake_gpu):
         assert [c.kwargs["config"] for c in ours] == [launcher.config_tuple(A),
                                                       launcher.config_tuple(B)]
         assert [c.description for c in ours] == [A.short(), B.short()]
+
+
+def test_reduced_offers_triton_templates_for_host_bound_mm(fake_gpu, monkeypatch):
+    """A host-bound mm in reduced mode gets Inductor's Triton mm template beside ATen, generated
+    as under max-autotune; predicted mode and other ops keep ATen alone. CPU torch cannot
+    generate Triton choices, so the stand-in records what Inductor was asked and answers with
+    the extern templates only."""
+    import torch._inductor.utils as iu
+    from torch._inductor.choices import InductorChoices
+    from torch._inductor.kernel.mm import mm_template
+
+    monkeypatch.setattr(iu, "is_big_gpu", lambda *a, **k: True)
+    monkeypatch.setattr(ci, "QUACK_LAUNCH_HOST_US", 48.0)
+    asked, original = [], InductorChoices.get_template_configs
+
+    def stand_in(self, kernel_inputs, templates, op_name, kwarg_overrides=None):
+        asked.append((op_name, [t.uid for t in templates], inductor_config.max_autotune_gemm))
+        externs = [t for t in templates if isinstance(t, sa.ExternKernelChoice)]
+        return original(self, kernel_inputs, externs, op_name, kwarg_overrides)
+
+    monkeypatch.setattr(InductorChoices, "get_template_configs", stand_in)
+    seen = []
+    cache = sa.get_algorithm_selector_cache()
+    cache.add_preprocessing_fn(lambda cs: seen.append(len(cs)) or cs[:1])
+    try:
+        for mode in ("reduced", "predicted"):
+            with ci.enable(mode, model=FakeHeuristics()):
+                kernels = lower(block, *BLOCK)
+            assert [name for name, _ in kernels] == [
+                "extern_kernels.addmm", "extern_kernels.mm", "extern_kernels.bmm"]
+    finally:
+        cache.preprocessing_fns.pop()
+    reduced, predicted = asked[:3], asked[3:]
+    assert [(op, mm_template.uid in uids, mag) for op, uids, mag in reduced] == [
+        ("addmm", False, False), ("mm", True, True), ("bmm", False, False)]
+    assert all(mm_template.uid not in uids and not mag for _, uids, mag in predicted)
+    assert not inductor_config.max_autotune_gemm  # the patch is lifted after generation
 
 
 def test_reduced_leaves_unsupported_nodes_to_inductor(fake_gpu):
@@ -704,6 +741,29 @@ def test_gpu_compiled_llama_mlp(tmp_path, mode, monkeypatch):
         assert n_quack >= 1 and "extern_kernels.mm(" not in code  # every GEMM on quack
     elif mode == "off":
         assert n_quack == 0  # reduced: whatever Inductor's benchmark picked
+
+
+@gpu
+def test_gpu_reduced_benchmarks_triton_templates_for_host_bound_mm():
+    """A 16x1024x1024 mm is host-bound: reduced mode benchmarks ATen and Triton templates
+    (Inductor's own choice types, seen by a feedback saver) and runs the winner correctly."""
+    from torch._inductor.utils import fresh_cache
+
+    timed = []
+    cache = sa.get_algorithm_selector_cache()
+    saver = lambda timings, *rest, **kw: timed.extend(type(c).__name__ for c in timings)  # noqa: E731
+    cache.add_feedback_saver(saver)
+    torch.manual_seed(0)
+    x = torch.randn(16, 1024, device="cuda", dtype=BF16)
+    w = torch.randn(1024, 1024, device="cuda", dtype=BF16)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), fresh_cache(), ci.enable("reduced", prefetch=False):
+            out = torch.compile(lambda a, b: a @ b.t())(x, w)
+    finally:
+        cache.feedback_saver_fns.remove(saver)
+    assert "TritonTemplateCaller" in timed and "ExternKernelCaller" in timed
+    assert _rel_err(out, x @ w.t()) < 2e-2
 
 
 FRESH_PROCESS = textwrap.dedent("""

@@ -20,7 +20,10 @@ Nodes quack cannot run (dtype, layout, alignment, dynamic shapes, a GPU other th
 keep Inductor's own candidates: ATen alone under default settings. Both modes leave to
 Inductor the GEMMs too small to cover a quack launch's host time (``QUACK_LAUNCH_HOST_US``)
 unless the graph runs under CUDA graphs: the cost model and Inductor's benchmark time the GPU
-only, and at small M a step without CUDA graphs waits on the host.
+only, and at small M a step without CUDA graphs waits on the host. There reduced mode offers
+a plain mm Inductor's Triton mm template configs beside ATen, as max-autotune would: a Triton
+launch from generated code costs less host time than ATen's extern call, and the template
+takes the node's pointwise epilogue (measured in one process: data/bench/step_h200.json).
 
 Compile-time decisions come from the heuristics file (``heuristics.py``), not the cost model,
 so lowering stays cheap. The installed choices are part of Inductor's FX-graph cache key
@@ -95,6 +98,7 @@ class NodeDecision:
     aten: bool
     reason: str
     leave: bool = False
+    host_bound: bool = False  # left because a quack launch's host time would dominate
 
 
 # Host time of one quack GEMM in a compiled step without CUDA graphs: the default step's host
@@ -122,7 +126,7 @@ def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: in
         # also its Triton templates, whose launches cost less host time than ATen's
         return NodeDecision((), True, f"host-bound: {ideal_us:.1f} us at the device's ceiling, "
                                       f"under a quack launch's {host_bound_us:.0f} us of host "
-                                      f"time", leave=True)
+                                      f"time", leave=True, host_bound=True)
     try:
         configs, prefers_aten = heuristics.lookup(problem)
     except HeuristicsError as e:
@@ -246,6 +250,8 @@ class CuteTuneChoices(InductorChoices):
             return super().get_template_configs(*args)
         problem, d = self.decide_node(kernel_inputs, op)
         if d.leave:
+            if d.host_bound and self.mode == "reduced" and op_name == "mm":
+                return self.host_bound_mm_configs(*args)
             return super().get_template_configs(*args)
         externs = [t for t in templates if isinstance(t, ExternKernelChoice)]
         if not externs:
@@ -279,6 +285,25 @@ class CuteTuneChoices(InductorChoices):
                 caller.cutetune_kernel = signature_class(problem, c)
             choices.append(caller)
         return choices
+
+    def host_bound_mm_configs(self, kernel_inputs, templates, op_name, kwarg_overrides):
+        """Reduced mode, a plain mm left as host-bound: ATen and Inductor's Triton mm template
+        configs, benchmarked, as max-autotune offers them (its config list and fixed layouts:
+        ``max_autotune_gemm`` holds while they are generated). Under max-autotune, or where
+        Inductor's Triton templates do not apply (dtype, a small GPU), its own list stands."""
+        from torch._inductor.kernel.mm import mm_template
+        from torch._inductor.utils import use_triton_template
+
+        args = (kernel_inputs, templates, op_name, kwarg_overrides)
+        if (not any(getattr(t, "uid", None) == PRIMARY_ATEN["mm"] for t in templates)
+                or not all(isinstance(t, ExternKernelChoice) for t in templates)
+                or not use_triton_template(kernel_inputs.output_layout(),
+                                           check_max_autotune=False)):
+            return super().get_template_configs(*args)
+        log.info("cutetune reduced mm: host-bound, ATen and Triton templates benchmarked")
+        with inductor_config.patch(max_autotune_gemm=True):
+            return super().get_template_configs(kernel_inputs, [*templates, mm_template],
+                                                op_name, kwarg_overrides)
 
     def prefetch_graph(self, arch: str) -> None:
         """Once per graph: send the top-k kernels of all its mm/bmm nodes to the prefetcher.
