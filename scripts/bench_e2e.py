@@ -609,6 +609,7 @@ def run_cpu(args) -> dict:
         decisions[f"{p.m}x{p.n}x{p.k}"] = {
             "predicted": [c.short() for c in d["predicted"].configs] or "ATen",
             "reduced_quack_candidates": len(d["reduced"].configs),
+            "reduced_triton_templates": d["reduced"].triton,  # host- and memory-bound mm
             "reason": d["predicted"].reason}
     return {
         "what": "cutetune heuristics: load and per-node lookup cost at compile time (CPU), and "

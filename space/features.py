@@ -97,13 +97,19 @@ def problem_feature_matrix(problem: GemmProblem, configs: Sequence[KernelConfig]
     return feature_matrix(cols, device)
 
 
-def ideal_time_s(problem: GemmProblem, device: DeviceSpec) -> float:
-    """The problem's time at the device's compute or memory ceiling, whichever binds (its
-    operands read and its output written once): no kernel runs it faster."""
+def ceiling_times_s(problem: GemmProblem, device: DeviceSpec) -> tuple[float, float]:
+    """(compute, memory): the problem's time at the device's compute ceiling and at its memory
+    ceiling (operands read and output written once)."""
     b, m, n, k = problem.batch, problem.m, problem.n, problem.k
     min_bytes = b * ((m * k + k * n) * DTYPE_BYTES[problem.dtype]
                      + m * n * DTYPE_BYTES[problem.out_dtype])
-    return float(_ideal(2.0 * b * m * n * k, min_bytes, device.peak_flops(problem.dtype), device))
+    return (2.0 * b * m * n * k / device.peak_flops(problem.dtype),
+            min_bytes / device.mem_bw_bytes_per_s)
+
+
+def ideal_time_s(problem: GemmProblem, device: DeviceSpec) -> float:
+    """The problem's time at whichever ceiling binds: no kernel runs it faster."""
+    return float(max(ceiling_times_s(problem, device)))
 
 
 def _ideal(flops, min_bytes, peak, device: DeviceSpec):

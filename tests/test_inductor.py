@@ -242,13 +242,18 @@ def test_decide_modes():
 def test_decide_keeps_aten_for_gemms_shorter_than_a_quack_launch():
     """Llama-3-8B on an H200: the 4096^2 projections are host-bound at M=1 (7.8 us at its
     ceiling) and M=1024 (43.5 us), the MLP's at M=1 (27.3 us); the MLP at M=1024 (152 us) and
-    the projections at M=4096 (174 us) are not."""
+    the projections at M=4096 (174 us) are not. Reduced mode adds Triton templates where the
+    GEMM is memory-bound: at M=1, not at M=1024, where they made the attention step slower
+    (data/bench/step_h200_hostbound.json)."""
     fake, limit = FakeHeuristics(), ci.QUACK_LAUNCH_HOST_US
     for mode, k in (("predicted", 1), ("reduced", 5)):
-        for p, ideal in ((P(1, 4096, 4096), "7.8"), (P(1024, 4096, 4096), "43.5"),
-                         (P(1, 14336, 4096), "27.3")):
+        for p, ideal, memory_bound in ((P(1, 4096, 4096), "7.8", True),
+                                       (P(1024, 4096, 4096), "43.5", False),
+                                       (P(1024, 1024, 4096), "10.9", False),
+                                       (P(1, 14336, 4096), "27.3", True)):
             d = ci.decide(p, mode, fake, k, limit)
-            assert d == ci.NodeDecision((), True, d.reason, leave=True, host_bound=True)
+            triton = mode == "reduced" and memory_bound
+            assert d == ci.NodeDecision((), True, d.reason, leave=True, triton=triton)
             assert d.reason.startswith("host-bound")
             assert f"{ideal} us" in d.reason
         for p in (P(1024, 14336, 4096), P(4096, 4096, 4096)):
@@ -751,7 +756,10 @@ def test_gpu_reduced_benchmarks_triton_templates_for_host_bound_mm():
 
     timed = []
     cache = sa.get_algorithm_selector_cache()
-    saver = lambda timings, *rest, **kw: timed.extend(type(c).__name__ for c in timings)  # noqa: E731
+
+    def saver(timings, *rest, **kw):
+        timed.extend(type(c).__name__ for c in timings)
+
     cache.add_feedback_saver(saver)
     torch.manual_seed(0)
     x = torch.randn(16, 1024, device="cuda", dtype=BF16)

@@ -20,10 +20,11 @@ Nodes quack cannot run (dtype, layout, alignment, dynamic shapes, a GPU other th
 keep Inductor's own candidates: ATen alone under default settings. Both modes leave to
 Inductor the GEMMs too small to cover a quack launch's host time (``QUACK_LAUNCH_HOST_US``)
 unless the graph runs under CUDA graphs: the cost model and Inductor's benchmark time the GPU
-only, and at small M a step without CUDA graphs waits on the host. There reduced mode offers
-a plain mm Inductor's Triton mm template configs beside ATen, as max-autotune would: a Triton
-launch from generated code costs less host time than ATen's extern call, and the template
-takes the node's pointwise epilogue (measured in one process: data/bench/step_h200.json).
+only, and at small M a step without CUDA graphs waits on the host. Where such a plain mm is
+also memory-bound, reduced mode benchmarks Inductor's Triton mm templates beside ATen, as
+max-autotune would: a Triton launch from generated code costs less host time than ATen's
+extern call, and the template takes the node's pointwise epilogue; on compute-bound GEMMs
+cuBLAS's kernels win (data/bench/step_h200_hostbound.json).
 
 Compile-time decisions come from the heuristics file (``heuristics.py``), not the cost model,
 so lowering stays cheap. The installed choices are part of Inductor's FX-graph cache key
@@ -60,7 +61,7 @@ from torch._inductor.virtualized import V
 import cutetune
 from cutetune.space.config import KernelConfig
 from cutetune.space.device import device_for
-from cutetune.space.features import ideal_time_s
+from cutetune.space.features import ceiling_times_s
 from cutetune.space.problem import GemmProblem, ProblemError
 from cutetune.space.rules import is_valid
 
@@ -98,7 +99,8 @@ class NodeDecision:
     aten: bool
     reason: str
     leave: bool = False
-    host_bound: bool = False  # left because a quack launch's host time would dominate
+    # reduced mode, a host-bound and memory-bound GEMM: Inductor's Triton templates beside ATen
+    triton: bool = False
 
 
 # Host time of one quack GEMM in a compiled step without CUDA graphs: the default step's host
@@ -117,16 +119,19 @@ def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: in
     """predicted: the top-1 config alone, or ATen alone when the model prefers cuBLAS;
     reduced: the top-k configs and ATen. A node is left to Inductor (ATen alone under its
     default settings) when ``problem`` is the ProblemError saying why quack cannot run it, or
-    when even the device's ceiling (``ideal_time_s``) runs the GEMM in under
-    ``host_bound_us``."""
+    when even the device's ceiling runs the GEMM in under ``host_bound_us``; in reduced mode
+    such a GEMM, if memory-bound, gets Inductor's Triton templates benchmarked beside ATen."""
     if isinstance(problem, ProblemError):
         return NodeDecision((), True, f"unsupported: {problem}", leave=True)
-    ideal_us = ideal_time_s(problem, device_for(problem.arch)) * 1e6
+    compute_s, memory_s = ceiling_times_s(problem, device_for(problem.arch))
+    ideal_us = max(compute_s, memory_s) * 1e6
     if ideal_us < host_bound_us:  # Inductor's own candidates: ATen, or under max-autotune
         # also its Triton templates, whose launches cost less host time than ATen's
+        triton = mode == "reduced" and memory_s >= compute_s
         return NodeDecision((), True, f"host-bound: {ideal_us:.1f} us at the device's ceiling, "
                                       f"under a quack launch's {host_bound_us:.0f} us of host "
-                                      f"time", leave=True, host_bound=True)
+                                      f"time{'; memory-bound' if triton else ''}", leave=True,
+                            triton=triton)
     try:
         configs, prefers_aten = heuristics.lookup(problem)
     except HeuristicsError as e:
@@ -250,7 +255,7 @@ class CuteTuneChoices(InductorChoices):
             return super().get_template_configs(*args)
         problem, d = self.decide_node(kernel_inputs, op)
         if d.leave:
-            if d.host_bound and self.mode == "reduced" and op_name == "mm":
+            if d.triton and op_name == "mm":
                 return self.host_bound_mm_configs(*args)
             return super().get_template_configs(*args)
         externs = [t for t in templates if isinstance(t, ExternKernelChoice)]
@@ -287,9 +292,9 @@ class CuteTuneChoices(InductorChoices):
         return choices
 
     def host_bound_mm_configs(self, kernel_inputs, templates, op_name, kwarg_overrides):
-        """Reduced mode, a plain mm left as host-bound: ATen and Inductor's Triton mm template
-        configs, benchmarked, as max-autotune offers them (its config list and fixed layouts:
-        ``max_autotune_gemm`` holds while they are generated). Under max-autotune, or where
+        """Reduced mode, a host-bound and memory-bound plain mm: ATen and Inductor's Triton mm
+        template configs, benchmarked, as max-autotune offers them (its config list and fixed
+        layouts: ``max_autotune_gemm`` holds while they are generated). Under max-autotune, or where
         Inductor's Triton templates do not apply (dtype, a small GPU), its own list stands."""
         from torch._inductor.kernel.mm import mm_template
         from torch._inductor.utils import use_triton_template
