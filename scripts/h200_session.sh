@@ -20,6 +20,8 @@
 #   tests  the GPU tests of the launcher and Inductor integration
 #   hostbound  (after reduced mode offers Triton templates for host-bound mm) its GPU test, every
 #      mode's steps in one process at M 1 16 128 1024, then compile times at M 1 128
+#   memory  (after Triton templates were kept to memory-bound GEMMs) steps in one process of
+#      attention at M=1024 (compute-bound: ATen again) and M=128 (memory-bound: Triton)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
 # nvidia-smi samples clocks, power and temperature all along. Results are packed into $OUT.
 set -uo pipefail
@@ -96,6 +98,11 @@ torch._inductor.select_algorithm; import quack.gemm_interface" 2> "$E2E/importti
         | tail -n 1 | tee -a "$E2E/ab.log"
     done
     bench part_hb --ms 1 128 --modes default max-autotune reduced --warm-for --skip-overhead ;;
+  memory)
+    for m in 1024 128; do
+      timeout "$(left 5)" python scripts/step_ab.py --m "$m" --workloads attn \
+        --modes default predicted reduced --out "$E2E/ab_mb_m$m.json" 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
+    done ;;
 esac
 kill "$SMI" 2>/dev/null
 tar -C "$E2E" -czf "$OUT/e2e_$CALL.tgz" .
