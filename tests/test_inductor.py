@@ -425,6 +425,11 @@ def test_reduced_offers_triton_templates_for_host_bound_mm(fake_gpu, monkeypatch
         ("addmm", False, False), ("mm", True, True), ("bmm", False, False)]
     assert all(mm_template.uid not in uids and not mag for _, uids, mag in predicted)
     assert not inductor_config.max_autotune_gemm  # the patch is lifted after generation
+    asked.clear()
+    monkeypatch.setattr(iu, "is_big_gpu", lambda *a, **k: False)  # no Triton templates there
+    with ci.enable("reduced", model=FakeHeuristics()):
+        lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
+    assert asked == [("mm", ["aten::mm"], False)]
 
 
 def test_reduced_leaves_unsupported_nodes_to_inductor(fake_gpu):
