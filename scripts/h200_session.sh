@@ -101,7 +101,8 @@ torch._inductor.select_algorithm; import quack.gemm_interface" 2> "$E2E/importti
   memory)
     for m in 1024 128; do
       timeout "$(left 5)" python scripts/step_ab.py --m "$m" --workloads attn \
-        --modes default predicted reduced --out "$E2E/ab_mb_m$m.json" 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
+        --modes default predicted reduced --out "$E2E/ab_mb_m$m.json" 2>&1 \
+        | tail -n 1 | tee -a "$E2E/ab.log"
     done ;;
 esac
 kill "$SMI" 2>/dev/null

@@ -409,17 +409,11 @@ def test_reduced_offers_triton_templates_for_host_bound_mm(fake_gpu, monkeypatch
         return original(self, kernel_inputs, externs, op_name, kwarg_overrides)
 
     monkeypatch.setattr(InductorChoices, "get_template_configs", stand_in)
-    seen = []
-    cache = sa.get_algorithm_selector_cache()
-    cache.add_preprocessing_fn(lambda cs: seen.append(len(cs)) or cs[:1])
-    try:
-        for mode in ("reduced", "predicted"):
-            with ci.enable(mode, model=FakeHeuristics()):
-                kernels = lower(block, *BLOCK)
-            assert [name for name, _ in kernels] == [
-                "extern_kernels.addmm", "extern_kernels.mm", "extern_kernels.bmm"]
-    finally:
-        cache.preprocessing_fns.pop()
+    for mode in ("reduced", "predicted"):
+        with ci.enable(mode, model=FakeHeuristics()):
+            kernels = lower(block, *BLOCK)
+        assert [name for name, _ in kernels] == [
+            "extern_kernels.addmm", "extern_kernels.mm", "extern_kernels.bmm"]
     reduced, predicted = asked[:3], asked[3:]
     assert [(op, mm_template.uid in uids, mag) for op, uids, mag in reduced] == [
         ("addmm", False, False), ("mm", True, True), ("bmm", False, False)]
