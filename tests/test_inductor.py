@@ -520,6 +520,8 @@ def test_uuid_and_cache_key_follow_mode_k_and_heuristics():
     assert len({u("predicted", 1, "d1"), u("reduced", 4, "d1"), u("reduced", 2, "d1"),
                 u("predicted", 1, "d2")}) == 4
     assert u("predicted", 1, "d1") == u("predicted", 1, "d1")
+    assert u("predicted", 1, "d1").endswith(ci.decision_code_digest())  # cutetune's own code
+    assert ci.ChoicesFactory("reduced", 4, "d1").code == ci.decision_code_digest()
     # torch 2.11 pickles the factory into the FX-graph cache key: equal factories, equal bytes
     assert pickle.dumps(ci.ChoicesFactory("reduced", 4, "d1")) == \
         pickle.dumps(ci.ChoicesFactory("reduced", 4, "d1"))

@@ -28,7 +28,8 @@ cuBLAS's kernels win (data/bench/step_h200_hostbound.json).
 
 Compile-time decisions come from the heuristics file (``heuristics.py``), not the cost model,
 so lowering stays cheap. The installed choices are part of Inductor's FX-graph cache key
-(``uuid()`` on 2.13, the pickled factory on 2.11): mode, top-k and the heuristics' digest.
+(``uuid()`` on 2.13, the pickled factory on 2.11): mode, top-k, the heuristics' digest and
+a digest of the code that makes the decisions.
 
 Compilation is lazy: a function compiled inside ``with enable(...)`` must also be first *called*
 there, or Inductor compiles it after the block with the previous choices.
@@ -36,13 +37,16 @@ there, or Inductor compiles it after the block with the previous choices.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
+import sys
 import time
 import uuid as uuidlib
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import sympy
@@ -233,7 +237,8 @@ class CuteTuneChoices(InductorChoices):
         self._prefetched = weakref.WeakSet()  # graphs whose kernels went to the prefetcher
 
     def uuid(self) -> str:
-        return f"cutetune-{cutetune.__version__}:{self.mode}:k{self.top_k}:{self.source}"
+        return (f"cutetune-{cutetune.__version__}:{self.mode}:k{self.top_k}:{self.source}:"
+                f"{decision_code_digest()}")
 
     def decide_node(self, kernel_inputs, op_name: str) -> tuple[GemmProblem | None, NodeDecision]:
         try:
@@ -334,6 +339,23 @@ def host_bound_us() -> float:
     return 0.0 if inductor_config.triton.cudagraphs else QUACK_LAUNCH_HOST_US
 
 
+# The modules whose code decides what a node's generated code calls.
+DECISION_MODULES = ("cutetune.tuner.inductor", "cutetune.tuner.launcher",
+                    "cutetune.space.features", "cutetune.space.rules", "cutetune.space.config",
+                    "cutetune.space.problem")
+
+
+@lru_cache(maxsize=None)
+def decision_code_digest() -> str:
+    """A digest of the decision modules' source, part of the FX-graph cache key: a graph
+    compiled by other cutetune code (an edited checkout, another release of the same version
+    string) is compiled again rather than reloaded with that code's choices."""
+    h = hashlib.sha256()
+    for name in DECISION_MODULES:
+        h.update(Path(sys.modules[name].__file__).read_bytes())
+    return h.hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class ChoicesFactory:
     """What ``inductor_choices_class`` holds: plain fields, so torch 2.11 can pickle it into
@@ -342,6 +364,7 @@ class ChoicesFactory:
     mode: str
     top_k: int
     source: str
+    code: str = field(default_factory=decision_code_digest)
 
     def __call__(self) -> CuteTuneChoices:
         if self.source not in _SOURCES:
