@@ -103,8 +103,7 @@ def ceiling_times_s(problem: GemmProblem, device: DeviceSpec) -> tuple[float, fl
     b, m, n, k = problem.batch, problem.m, problem.n, problem.k
     min_bytes = b * ((m * k + k * n) * DTYPE_BYTES[problem.dtype]
                      + m * n * DTYPE_BYTES[problem.out_dtype])
-    return (2.0 * b * m * n * k / device.peak_flops(problem.dtype),
-            min_bytes / device.mem_bw_bytes_per_s)
+    return _ceilings(2.0 * b * m * n * k, min_bytes, device.peak_flops(problem.dtype), device)
 
 
 def ideal_time_s(problem: GemmProblem, device: DeviceSpec) -> float:
@@ -112,8 +111,8 @@ def ideal_time_s(problem: GemmProblem, device: DeviceSpec) -> float:
     return float(max(ceiling_times_s(problem, device)))
 
 
-def _ideal(flops, min_bytes, peak, device: DeviceSpec):
-    return np.maximum(flops / peak, min_bytes / device.mem_bw_bytes_per_s)
+def _ceilings(flops, min_bytes, peak, device: DeviceSpec):
+    return flops / peak, min_bytes / device.mem_bw_bytes_per_s
 
 
 def _derived(raw: dict[str, np.ndarray], cols: Mapping[str, np.ndarray],
@@ -175,7 +174,7 @@ def _derived(raw: dict[str, np.ndarray], cols: Mapping[str, np.ndarray],
     t_compute = waves_ceil * tile_flops * device.sm_count / peak
     t_memory = bytes_moved / device.mem_bw_bytes_per_s
     roofline = np.maximum(t_compute, t_memory)
-    ideal = _ideal(flops, min_bytes, peak, device)
+    ideal = np.maximum(*_ceilings(flops, min_bytes, peak, device))
 
     out = {
         "in_bytes": in_bytes, "out_bytes": out_bytes,
