@@ -1,6 +1,17 @@
-"""Cost models: learn kernel time from measurements, rank configs, decide the cuBLAS fallback."""
+"""Cost models: learn kernel time from measurements, rank configs, decide the cuBLAS fallback.
 
-from .artifact import CostModel, ModelError, load_model, shipped_model_path
-from .predict import predict
+The names below load on first use: compile-time code imports light submodules
+(``models.triton_mm``) without paying for the learners' imports."""
 
-__all__ = ["CostModel", "ModelError", "load_model", "predict", "shipped_model_path"]
+from importlib import import_module
+
+# (the predict function is cutetune.models.predict.predict: its module's name would shadow it)
+_EXPORTS = {"CostModel": "artifact", "ModelError": "artifact", "load_model": "artifact",
+            "shipped_model_path": "artifact"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)

@@ -607,7 +607,8 @@ def run_cpu(args) -> dict:
         d = {mode: decide(p, mode, h, k, QUACK_LAUNCH_HOST_US)
              for mode, k in (("predicted", 1), ("reduced", REDUCED_TOP_K))}
         decisions[f"{p.m}x{p.n}x{p.k}"] = {
-            "predicted": [c.short() for c in d["predicted"].configs] or "ATen",
+            "predicted": ([c.short() for c in d["predicted"].configs]
+                          or dict(d["predicted"].triton_config) or "ATen"),  # quack, Triton
             "reduced_quack_candidates": len(d["reduced"].configs),
             "reduced_triton_templates": d["reduced"].triton,  # host- and memory-bound mm
             "reason": d["predicted"].reason}

@@ -22,6 +22,16 @@
 #      mode's steps in one process at M 1 16 128 1024, then compile times at M 1 128
 #   memory  (after Triton templates were kept to memory-bound GEMMs) steps in one process of
 #      attention at M=1024 (compute-bound: ATen again) and M=128 (memory-bound: Triton)
+#   triton  (next session) Inductor's timings of ATen and each Triton mm config on small-M LLM
+#      shapes (scripts/triton_mm_sweep.py), after a probe of the InductorChoices API it relies on
+#   sweep2  the same at M=32 for the families swept, then three more families (kk only);
+#      appended locally to data/triton_mm/h200_bf16.jsonl
+#   verify  (after predicted mode took Triton configs from the heuristics' table) the GPU tests of
+#      host-bound mm, every mode's steps in one process at M 1 16 128 plus predicted mode with
+#      a table fitted without Llama-3-8B (predicted-heldout), then compile times at M 1 128
+#   order  (after verify's predicted and reduced steps were as slow as the default's with the
+#      same Triton kernels as the fast modes) the same steps with the modes in another order,
+#      recording whether each Triton kernel runs on Inductor's static launcher
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
 # nvidia-smi samples clocks, power and temperature all along. Results are packed into $OUT.
 set -uo pipefail
@@ -103,6 +113,43 @@ torch._inductor.select_algorithm; import quack.gemm_interface" 2> "$E2E/importti
       timeout "$(left 5)" python scripts/step_ab.py --m "$m" --workloads attn \
         --modes default predicted reduced --out "$E2E/ab_mb_m$m.json" 2>&1 \
         | tail -n 1 | tee -a "$E2E/ab.log"
+    done ;;
+  triton)
+    python -c "import torch; from torch._inductor.choices import InductorChoices as C; \
+print(torch.__version__, 'get_ktc', hasattr(C, 'get_ktc'), \
+'_need_to_fix_layout', hasattr(C, '_need_to_fix_layout'))" 2>&1 | tee "$E2E/probe.log"
+    python scripts/triton_mm_sweep.py --out "$E2E/triton_mm.jsonl" --budget-s "$(left 60)" \
+      2>&1 | tee "$E2E/triton_mm.log" ;;
+  sweep2)
+    python scripts/triton_mm_sweep.py --out "$E2E/triton_mm2.jsonl" --majors kk --ms 32 \
+      --families llama3_8b llama3_70b llama3.2_1b --budget-s "$(left 300)" 2>&1 \
+      | grep -E "^(kk|budget|[0-9]+ shapes)" | tee "$E2E/triton_mm2.log"
+    python scripts/triton_mm_sweep.py --out "$E2E/triton_mm2.jsonl" --majors kk \
+      --ms 1 16 32 64 128 --families qwen2.5_7b mistral_nemo_12b phi3_mini \
+      --budget-s "$(left 25)" 2>&1 | grep -E "^(kk|budget|[0-9]+ shapes)" \
+      | tee -a "$E2E/triton_mm2.log" ;;
+  verify)
+    timeout 150 python -m pytest -m gpu tests/test_inductor.py -k "host_bound" -q \
+      -p no:cacheprovider 2>&1 | tail -n 3 | tee "$E2E/gpu_tests_triton.log"
+    python scripts/triton_mm_report.py --sweep data/triton_mm/h200_bf16.jsonl \
+      --out "$E2E/triton_mm_report.json" --heldout-family llama3_8b \
+      --heldout-heuristics "$E2E/heuristics_without_llama3_8b.json" > /dev/null
+    for m in 1 16 128; do
+      timeout "$(left 150)" python scripts/step_ab.py --m "$m" --out "$E2E/ab_tt_m$m.json" \
+        --heldout-model "$E2E/heuristics_without_llama3_8b.json" 2>&1 | tail -n 1 \
+        | tee -a "$E2E/ab.log"
+    done
+    bench part_tt --ms 1 128 --modes default predicted --warm-for predicted --skip-overhead ;;
+  order)
+    python scripts/triton_mm_report.py --sweep data/triton_mm/h200_bf16.jsonl \
+      --out "$E2E/triton_mm_report.json" --heldout-family llama3_8b \
+      --heldout-heuristics "$E2E/heuristics_without_llama3_8b.json" > /dev/null
+    for spec in "attn 1" "attn 16" "mlp 128"; do
+      set -- $spec
+      timeout "$(left 10)" python scripts/step_ab.py --m "$2" --workloads "$1" \
+        --modes predicted reduced max-autotune default --rounds 9 \
+        --heldout-model "$E2E/heuristics_without_llama3_8b.json" \
+        --out "$E2E/ab_order_$1_m$2.json" 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
     done ;;
 esac
 kill "$SMI" 2>/dev/null

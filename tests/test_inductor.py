@@ -426,6 +426,60 @@ def test_reduced_offers_triton_templates_for_host_bound_mm(fake_gpu, monkeypatch
     assert asked == [("mm", ["aten::mm"], False)]
 
 
+class TritonHeuristics(FakeHeuristics):
+    """FakeHeuristics with a Triton table's answer for every problem."""
+
+    CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_stages": 5,
+              "num_warps": 4}
+
+    def triton_config(self, problem):
+        return self.CONFIG
+
+
+def test_modes_ask_for_the_heuristics_triton_config_alone(fake_gpu, monkeypatch):
+    """Both modes ask Inductor for the Triton mm template alone, under max-autotune's settings,
+    keeping only the heuristics' config; CPU torch generates no Triton choice, so the node
+    falls back to ATen, as it does wherever Inductor does not offer that config."""
+    import torch._inductor.utils as iu
+    from torch._inductor.choices import InductorChoices
+    from torch._inductor.kernel.mm import mm_template
+
+    monkeypatch.setattr(iu, "is_big_gpu", lambda *a, **k: True)
+    monkeypatch.setattr(ci, "QUACK_LAUNCH_HOST_US", 48.0)
+    asked, original = [], InductorChoices.get_template_configs
+
+    def stand_in(self, kernel_inputs, templates, op_name, kwarg_overrides=None):
+        asked.append(([t.uid for t in templates], inductor_config.max_autotune_gemm,
+                      self._keep_only))
+        externs = [t for t in templates if isinstance(t, sa.ExternKernelChoice)]
+        return original(self, kernel_inputs, externs, op_name, kwarg_overrides)
+
+    monkeypatch.setattr(InductorChoices, "get_template_configs", stand_in)
+    for mode in ("predicted", "reduced"):
+        asked.clear()
+        with ci.enable(mode, model=TritonHeuristics()):
+            kernels = lower(lambda a, b: a @ b, row(16, 1024), row(1024, 1024))
+        assert [name for name, _ in kernels] == ["extern_kernels.mm"]
+        assert asked == [([mm_template.uid], True, TritonHeuristics.CONFIG),
+                         (["aten::mm"], False, None)]
+
+
+def test_finalize_keeps_only_the_asked_triton_config():
+    from types import SimpleNamespace
+
+    choices = ci.ChoicesFactory("predicted", 1, ci._resolve_source(FakeHeuristics()))()
+    ktc = lambda **kw: SimpleNamespace(params=SimpleNamespace(to_kwargs=lambda: {  # noqa: E731
+        **TritonHeuristics.CONFIG, "EVEN_K": True, **kw}))
+    offered = [ktc(BLOCK_N=32), ktc(), ktc(num_warps=8)]
+    finalize = lambda: choices._finalize_template_configs(  # noqa: E731
+        {"triton::mm": iter(offered)}, object(), [], "mm")
+    assert finalize() == offered  # nothing asked: Inductor's list as it is
+    choices._keep_only = TritonHeuristics.CONFIG
+    assert finalize() == [offered[1]]
+    choices._keep_only = {**TritonHeuristics.CONFIG, "BLOCK_K": 64}
+    assert finalize() == []
+
+
 def test_reduced_leaves_unsupported_nodes_to_inductor(fake_gpu):
     seen = []
     cache = sa.get_algorithm_selector_cache()
@@ -749,11 +803,11 @@ def test_gpu_compiled_llama_mlp(tmp_path, mode, monkeypatch):
         assert n_quack == 0  # reduced: whatever Inductor's benchmark picked
 
 
-@gpu
-def test_gpu_reduced_benchmarks_triton_templates_for_host_bound_mm():
-    """A 16x1024x1024 mm is host-bound: reduced mode benchmarks ATen and Triton templates
-    (Inductor's own choice types, seen by a feedback saver) and runs the winner correctly."""
-    from torch._inductor.utils import fresh_cache
+def _compile_host_bound_mm(mode: str, fn, m: int, n: int, k: int, transposed_b: bool):
+    """Compile and run ``fn(x, w)`` in ``mode`` from a fresh Inductor cache, with w (n, k)
+    when ``transposed_b`` (nn.Linear's weight) else (k, n). Returns the output, the reference,
+    the generated code and the choice types Inductor benchmarked (a feedback saver's view)."""
+    from torch._inductor.utils import fresh_cache, run_and_get_code
 
     timed = []
     cache = sa.get_algorithm_selector_cache()
@@ -763,16 +817,47 @@ def test_gpu_reduced_benchmarks_triton_templates_for_host_bound_mm():
 
     cache.add_feedback_saver(saver)
     torch.manual_seed(0)
-    x = torch.randn(16, 1024, device="cuda", dtype=BF16)
-    w = torch.randn(1024, 1024, device="cuda", dtype=BF16)
+    x = torch.randn(m, k, device="cuda", dtype=BF16)
+    w = torch.randn(*((n, k) if transposed_b else (k, n)), device="cuda", dtype=BF16)
     torch._dynamo.reset()
     try:
-        with torch.no_grad(), fresh_cache(), ci.enable("reduced", prefetch=False):
-            out = torch.compile(lambda a, b: a @ b.t())(x, w)
+        with torch.no_grad(), fresh_cache(), ci.enable(mode, prefetch=False):
+            out, code = run_and_get_code(torch.compile(fn), x, w)
     finally:
         cache.feedback_saver_fns.remove(saver)
+    return out, fn(x, w), "\n".join(code), timed
+
+
+@gpu
+def test_gpu_reduced_benchmarks_triton_templates_for_host_bound_mm():
+    """A 16x1024x1024 mm is host-bound: with a row-major B, for which the packaged Triton table
+    has no config, reduced mode benchmarks ATen and Triton templates (Inductor's own choice
+    types, seen by a feedback saver) and runs the winner correctly."""
+    out, ref, _, timed = _compile_host_bound_mm("reduced", lambda a, b: a @ b, 16, 1024, 1024,
+                                                transposed_b=False)
     assert "TritonTemplateCaller" in timed and "ExternKernelCaller" in timed
-    assert _rel_err(out, x @ w.t()) < 2e-2
+    assert _rel_err(out, ref) < 2e-2
+
+
+@gpu
+def test_gpu_predicted_runs_the_packaged_triton_config_for_host_bound_mm():
+    """x @ W.t() at 16x4096x4096 is host-bound and memory-bound on an H200: predicted mode
+    compiles the packaged heuristics' Triton config for it, alone (a Triton template in the
+    generated code with that config's tiles, no ATen call, nothing benchmarked), and runs it
+    correctly."""
+    import re
+
+    from cutetune.tuner.heuristics import PackagedHeuristics
+
+    want = PackagedHeuristics().triton_config(P(16, 4096, 4096))
+    assert want, "the packaged heuristics name a Triton config for this shape"
+    out, ref, code, timed = _compile_host_bound_mm("predicted", lambda a, b: a @ b.t(), 16,
+                                                   4096, 4096, transposed_b=True)
+    assert timed == []
+    assert re.search(r"\btriton_tem_\w+\.run\(", code) and "extern_kernels.mm(" not in code
+    for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+        assert re.search(rf"\b{k}\s*:\s*tl\.constexpr\s*=\s*{want[k]}\b", code), k
+    assert _rel_err(out, ref) < 2e-2
 
 
 FRESH_PROCESS = textwrap.dedent("""

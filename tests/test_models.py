@@ -17,8 +17,9 @@ import pytest
 
 from cutetune.cli import main
 from cutetune.dataset import append
-from cutetune.models import CostModel, ModelError, load_model, predict, shipped_model_path
+from cutetune.models import CostModel, ModelError, load_model, shipped_model_path
 from cutetune.models.data import load_measurements
+from cutetune.models.predict import predict
 from cutetune.models.evaluate import (group_kfold, leave_family_out, relevance, score_problems,
                                       summarize)
 from cutetune.models.fallback import CublasFallback

@@ -9,6 +9,10 @@ exact entry when there is one, else the grid cell nearest in log space: a cell's
 the model's picks for the cell's own shape, which is why the grid is log-spaced (tile and wave
 effects change with ratios, not differences).
 
+A file may also hold a Triton table (``--triton-sweep``): the Inductor Triton mm config that
+predicted mode gives, without benchmarking, to a host-bound and memory-bound mm, which
+cutetune leaves to Inductor (``models/triton_mm.py``).
+
 ``cutetune emit --model PATH --out FILE`` writes it; ``Heuristics.load`` reads it.
 """
 
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
 import cutetune
+from cutetune.models.triton_mm import TritonTable
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import ARCHES, SUPPORTED_DTYPES, GemmProblem, ProblemError
 
@@ -111,10 +116,12 @@ class Heuristics:
 
     def __init__(self, arch: str, dtype: str, top_k: int, grid: Grid,
                  configs: tuple[KernelConfig, ...], cells: list[Entry | None],
-                 exact: dict[str, Entry], meta: dict | None = None, digest: str = "") -> None:
+                 exact: dict[str, Entry], meta: dict | None = None, digest: str = "",
+                 triton: TritonTable | None = None) -> None:
         self.arch, self.dtype, self.top_k, self.grid = arch, dtype, top_k, grid
         self.configs, self.cells, self.exact = configs, cells, exact
         self.meta = meta or {}
+        self.triton = triton
         self.digest = digest or _digest(json.dumps(self.to_json(), sort_keys=True).encode())
         self._locate = [_Locator(v) for v in (grid.batch, grid.m, grid.n, grid.k)]
         self._dims = (len(grid.batch), len(grid.m), len(grid.n), len(grid.k))
@@ -122,9 +129,7 @@ class Heuristics:
     def lookup(self, problem: GemmProblem) -> tuple[tuple[KernelConfig, ...], bool]:
         """The configs to try for ``problem``, best first, and whether the model prefers
         cuBLAS for it. HeuristicsError when the file is for another arch or dtype."""
-        if problem.arch != self.arch or problem.dtype != self.dtype:
-            raise HeuristicsError(f"heuristics are for {self.arch}/{self.dtype}, not "
-                                  f"{problem.arch}/{problem.dtype}")
+        self._check(problem)
         entry = self.exact.get(problem.key())
         if entry is None:
             entry = self.cells[self._cell(problem)]
@@ -132,6 +137,20 @@ class Heuristics:
             return (), True
         aten, idx = entry
         return tuple(self.configs[i] for i in idx), aten
+
+    def triton_config(self, problem: GemmProblem) -> dict[str, int] | None:
+        """Inductor's Triton mm kwargs for ``problem`` (a plain mm), or None: ATen, or no
+        Triton table in this file."""
+        self._check(problem)
+        if self.triton is None or problem.batch != 1:
+            return None
+        return self.triton.config(problem.a_major + problem.b_major, problem.m, problem.n,
+                                  problem.k)
+
+    def _check(self, problem: GemmProblem) -> None:
+        if problem.arch != self.arch or problem.dtype != self.dtype:
+            raise HeuristicsError(f"heuristics are for {self.arch}/{self.dtype}, not "
+                                  f"{problem.arch}/{problem.dtype}")
 
     def _cell(self, p: GemmProblem) -> int:
         nb, nm, nn, nk = self._dims
@@ -149,6 +168,7 @@ class Heuristics:
             "configs": [[getattr(c, f) for f in CONFIG_FIELDS] for c in self.configs],
             "grid": self.grid.to_json(), "cells": [enc(e) for e in self.cells],
             "exact": {k: enc(e) for k, e in sorted(self.exact.items())}, "meta": self.meta,
+            **({"triton_mm": self.triton.to_json()} if self.triton is not None else {}),
         }
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -213,8 +233,9 @@ class Heuristics:
         if len(cells) != grid.size:
             raise HeuristicsError(f"{len(cells)} cells for a grid of {grid.size}")
         exact = {str(k): dec(e) for k, e in d["exact"].items()}
+        triton = TritonTable.from_json(d["triton_mm"]) if "triton_mm" in d else None
         return cls(arch, dtype, int(d["top_k"]), grid, configs, cells, exact, d.get("meta"),
-                   digest)
+                   digest, triton)
 
 
 def _digest(data: bytes) -> str:
@@ -245,13 +266,19 @@ class PackagedHeuristics:
         self._loaded: dict[tuple[str, str], Heuristics] = {}
 
     def lookup(self, problem: GemmProblem) -> tuple[tuple[KernelConfig, ...], bool]:
+        return self._file(problem).lookup(problem)
+
+    def triton_config(self, problem: GemmProblem) -> dict[str, int] | None:
+        return self._file(problem).triton_config(problem)
+
+    def _file(self, problem: GemmProblem) -> Heuristics:
         pair = (problem.arch, problem.dtype)
         h = self._loaded.get(pair)
         if h is None:
             if pair not in self.paths:
                 raise HeuristicsError(f"no packaged heuristics for {pair[0]}/{pair[1]}")
             h = self._loaded[pair] = Heuristics.load(self.paths[pair])
-        return h.lookup(problem)
+        return h
 
 
 class ModelHeuristics:
@@ -273,10 +300,11 @@ Pick = tuple[tuple[KernelConfig, ...], bool]  # configs best first, and whether 
 def build(model, arch: str, dtype: str, top_k: int = FILE_TOP_K, grid: Grid = Grid(),
           problems: Iterable[GemmProblem] = (), meta: dict | None = None,
           progress: Callable[[int, int], None] | None = None,
-          measured: Mapping[str, Pick] | None = None) -> Heuristics:
+          measured: Mapping[str, Pick] | None = None,
+          triton: TritonTable | None = None) -> Heuristics:
     """Freeze ``model``'s picks for every grid cell and for each of ``problems`` on
     (arch, dtype) into a Heuristics table; a problem in ``measured`` (by key) gets that pick
-    instead of the model's (see ``measured_picks``)."""
+    instead of the model's (see ``measured_picks``). ``triton`` rides along as it is."""
     source = ModelHeuristics(model, top_k)
     index: dict[KernelConfig, int] = {}
     measured = measured or {}
@@ -292,7 +320,7 @@ def build(model, arch: str, dtype: str, top_k: int = FILE_TOP_K, grid: Grid = Gr
             progress(i + 1, grid.size)
     exact = {p.key(): entry(p) for p in problems if (p.arch, p.dtype) == (arch, dtype)}
     configs = tuple(sorted(index, key=index.__getitem__))
-    return Heuristics(arch, dtype, top_k, grid, configs, cells, exact, meta)
+    return Heuristics(arch, dtype, top_k, grid, configs, cells, exact, meta, triton=triton)
 
 
 # A recorded problem keeps ATen unless its best measured config beat the measured cuBLAS time
@@ -340,6 +368,37 @@ def _recorded(dataset: str, arch: str, dtype: str, top_k: int, margin: float
     return [problems[k] for k in sorted(problems)], measured_picks(rows, top_k, margin)
 
 
+def predicted_triton_shapes(swept, arch: str, dtype: str) -> list:
+    """The swept shapes (``models.triton_mm.SweepShape``) that predicted mode asks a Triton
+    table about: on (arch, dtype), host-bound and memory-bound by ``inductor.host_bound``."""
+    from cutetune.space.device import device_for
+    from cutetune.tuner.inductor import QUACK_LAUNCH_HOST_US, host_bound
+
+    shapes = []
+    for s in swept:
+        if device_for(s.device).arch != arch or s.dtype != dtype:
+            continue
+        bound = host_bound(GemmProblem(s.m, s.n, s.k, 1, dtype, dtype, s.majors[0],
+                                       s.majors[1], arch), QUACK_LAUNCH_HOST_US)
+        if bound is not None and bound[1]:
+            shapes.append(s)
+    return shapes
+
+
+def _triton_table(path: str, arch: str, dtype: str) -> TritonTable:
+    from cutetune.cli import UserError
+    from cutetune.models.triton_mm import load_sweep
+
+    try:
+        shapes = predicted_triton_shapes(load_sweep(path), arch, dtype)
+    except (OSError, ValueError) as e:
+        raise UserError(f"Triton sweep {path}: {e}") from None
+    if not shapes:
+        raise UserError(f"Triton sweep {path} has no host-bound, memory-bound shape on "
+                        f"{arch}/{dtype}")
+    return TritonTable.from_sweep(shapes)
+
+
 def _cmd_emit(args) -> int:
     from cutetune.cli import UserError
 
@@ -352,18 +411,24 @@ def _cmd_emit(args) -> int:
     model = load_model(args.model, arch=args.arch, dtype=args.dtype)
     problems, measured = (_recorded(args.dataset, args.arch, args.dtype, args.top_k,
                                     args.exact_margin) if args.dataset else ([], {}))
+    triton = _triton_table(args.triton_sweep, args.arch, args.dtype) if args.triton_sweep else None
     meta = {"model": str(args.model), "model_digest": _digest(Path(args.model).read_bytes())
             if Path(args.model).is_file() else None,
-            "dataset": args.dataset, "exact_margin": args.exact_margin, "created": time.time()}
+            "dataset": args.dataset, "exact_margin": args.exact_margin,
+            "triton_sweep": args.triton_sweep, "created": time.time()}
     t0 = time.perf_counter()
     h = build(model, args.arch, args.dtype, args.top_k, grid, problems, meta,
-              progress=lambda i, n: print(f"  {i}/{n} cells", flush=True), measured=measured)
+              progress=lambda i, n: print(f"  {i}/{n} cells", flush=True), measured=measured,
+              triton=triton)
     path = h.save(args.out)
     quack = sum(not aten for aten, _ in h.exact.values())
     print(f"wrote {path}: {grid.size} grid cells, {len(h.exact)} recorded problems "
           f"({len(measured)} picked from measurements, {quack} of them CuteDSL), "
           f"{len(h.configs)} distinct configs, {path.stat().st_size / 1024:.0f} KiB, "
           f"digest {h.digest} ({time.perf_counter() - t0:.1f} s)")
+    if triton is not None:
+        print(f"Triton table: {len(triton.picks)} picks, M buckets "
+              f"{sorted({b for _, b, _ in triton.picks})}")
     return 0
 
 
@@ -399,6 +464,9 @@ def register(subparsers) -> None:
     p.add_argument("--exact-margin", type=float, default=EXACT_MARGIN,
                    help="a recorded problem gets CuteDSL only if its best measured config beat "
                    f"cuBLAS by this fraction (default {EXACT_MARGIN})")
+    p.add_argument("--triton-sweep", help="Inductor's Triton mm timings "
+                   "(scripts/triton_mm_sweep.py): add the Triton configs predicted mode gives "
+                   "host-bound, memory-bound mm")
     p.add_argument("--batches", type=_positive_ints, default=[1],
                    help="grid batch values, comma-separated (default 1: bmm uses the cell of "
                    "its per-batch shape)")

@@ -8,7 +8,8 @@ candidate list of every mm/addmm/bmm node it can serve with extern-kernel choice
 
 Modes:
   predicted  one choice per node: the heuristics' top-1 config, or ATen when the model
-             prefers cuBLAS. A single choice is never benchmarked
+             prefers cuBLAS (for a host-bound GEMM, see below, the heuristics' Triton
+             config or ATen). A single choice is never benchmarked
              (``AlgorithmSelectorCache.__call__`` returns it as is), so compiling costs a table
              lookup plus the kernel compile, which quack caches on disk.
   reduced    the top-k configs plus ATen, benchmarked by Inductor; ``feedback=PATH`` appends
@@ -21,8 +22,10 @@ keep Inductor's own candidates: ATen alone under default settings. Both modes le
 Inductor the GEMMs too small to cover a quack launch's host time (``QUACK_LAUNCH_HOST_US``)
 unless the graph runs under CUDA graphs: the cost model and Inductor's benchmark time the GPU
 only, and at small M a step without CUDA graphs waits on the host. Where such a plain mm is
-also memory-bound, reduced mode benchmarks Inductor's Triton mm templates beside ATen, as
-max-autotune would: a Triton launch from generated code costs less host time than ATen's
+also memory-bound, both modes give it the one Inductor Triton mm config that the heuristics
+file names for it (measured by scripts/triton_mm_sweep.py, fitted by models/triton_mm.py),
+unbenchmarked; without one, reduced mode benchmarks Inductor's Triton mm templates beside ATen,
+as max-autotune would. A Triton launch from generated code costs less host time than ATen's
 extern call, and the template takes the node's pointwise epilogue; on compute-bound GEMMs
 cuBLAS's kernels win (data/bench/step_h200_hostbound.json).
 
@@ -103,7 +106,9 @@ class NodeDecision:
     aten: bool
     reason: str
     leave: bool = False
-    # reduced mode, a host-bound and memory-bound GEMM: Inductor's Triton templates beside ATen
+    # a host-bound and memory-bound GEMM: the one Triton mm config (Inductor's kwargs) that the
+    # heuristics give it, or in reduced mode without one, Inductor's Triton templates beside ATen
+    triton_config: tuple[tuple[str, int], ...] = ()
     triton: bool = False
 
 
@@ -118,24 +123,46 @@ class NodeDecision:
 QUACK_LAUNCH_HOST_US = 48.0
 
 
+def host_bound(problem: GemmProblem, host_bound_us: float) -> tuple[float, bool] | None:
+    """(time at the device's ceiling in us, whether memory-bound) when even that ceiling runs
+    ``problem`` in under ``host_bound_us``; else None."""
+    compute_s, memory_s = ceiling_times_s(problem, device_for(problem.arch))
+    ideal_us = max(compute_s, memory_s) * 1e6
+    return (ideal_us, memory_s >= compute_s) if ideal_us < host_bound_us else None
+
+
+def _triton_config(heuristics, problem: GemmProblem) -> tuple[tuple[str, int], ...]:
+    """The heuristics' Triton mm config for ``problem``, or () for ATen or no table."""
+    lookup = getattr(heuristics, "triton_config", None)
+    try:
+        config = lookup(problem) if lookup is not None else None
+    except HeuristicsError:
+        return ()
+    return tuple(sorted(config.items())) if config else ()
+
+
 def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: int,
            host_bound_us: float = 0.0) -> NodeDecision:
     """predicted: the top-1 config alone, or ATen alone when the model prefers cuBLAS;
     reduced: the top-k configs and ATen. A node is left to Inductor (ATen alone under its
     default settings) when ``problem`` is the ProblemError saying why quack cannot run it, or
-    when even the device's ceiling runs the GEMM in under ``host_bound_us``; in reduced mode
-    such a GEMM, if memory-bound, gets Inductor's Triton templates benchmarked beside ATen."""
+    when even the device's ceiling runs the GEMM in under ``host_bound_us``. Such a GEMM, if
+    memory-bound, gets the heuristics' Triton config where they have one (in both modes:
+    Inductor's benchmark times the GPU alone, and the configs it picked ran such steps slower,
+    data/bench/step_h200_triton.json); else in reduced mode Inductor's Triton templates
+    benchmarked beside ATen."""
     if isinstance(problem, ProblemError):
         return NodeDecision((), True, f"unsupported: {problem}", leave=True)
-    compute_s, memory_s = ceiling_times_s(problem, device_for(problem.arch))
-    ideal_us = max(compute_s, memory_s) * 1e6
-    if ideal_us < host_bound_us:  # Inductor's own candidates: ATen, or under max-autotune
-        # also its Triton templates, whose launches cost less host time than ATen's
-        triton = mode == "reduced" and memory_s >= compute_s
+    bound = host_bound(problem, host_bound_us)
+    if bound is not None:  # Inductor's own candidates: ATen, or under max-autotune also its
+        # Triton templates, whose launches cost less host time than ATen's
+        ideal_us, memory_bound = bound
+        config = _triton_config(heuristics, problem) if memory_bound else ()
         return NodeDecision((), True, f"host-bound: {ideal_us:.1f} us at the device's ceiling, "
                                       f"under a quack launch's {host_bound_us:.0f} us of host "
-                                      f"time{'; memory-bound' if triton else ''}", leave=True,
-                            triton=triton)
+                                      f"time{'; memory-bound' if memory_bound else ''}",
+                            leave=True, triton_config=config,
+                            triton=mode == "reduced" and memory_bound and not config)
     try:
         configs, prefers_aten = heuristics.lookup(problem)
     except HeuristicsError as e:
@@ -235,6 +262,7 @@ class CuteTuneChoices(InductorChoices):
         self.heuristics = _SOURCES[source]
         self.externs = launcher.extern_choices()
         self._prefetched = weakref.WeakSet()  # graphs whose kernels went to the prefetcher
+        self._keep_only: dict[str, int] | None = None  # see _finalize_template_configs
 
     def uuid(self) -> str:
         return (f"cutetune-{cutetune.__version__}:{self.mode}:k{self.top_k}:{self.source}:"
@@ -260,8 +288,8 @@ class CuteTuneChoices(InductorChoices):
             return super().get_template_configs(*args)
         problem, d = self.decide_node(kernel_inputs, op)
         if d.leave:
-            if d.triton and op_name == "mm":
-                return self.host_bound_mm_configs(*args)
+            if (d.triton or d.triton_config) and op_name == "mm":
+                return self.host_bound_mm_configs(*args, only=dict(d.triton_config))
             return super().get_template_configs(*args)
         externs = [t for t in templates if isinstance(t, ExternKernelChoice)]
         if not externs:
@@ -296,11 +324,15 @@ class CuteTuneChoices(InductorChoices):
             choices.append(caller)
         return choices
 
-    def host_bound_mm_configs(self, kernel_inputs, templates, op_name, kwarg_overrides):
-        """Reduced mode, a host-bound and memory-bound plain mm: ATen and Inductor's Triton mm
-        template configs, benchmarked, as max-autotune offers them (its config list and fixed
-        layouts: ``max_autotune_gemm`` holds while they are generated). Under max-autotune, or where
-        Inductor's Triton templates do not apply (dtype, a small GPU), its own list stands."""
+    def host_bound_mm_configs(self, kernel_inputs, templates, op_name, kwarg_overrides,
+                              only: dict[str, int]):
+        """A host-bound and memory-bound plain mm: the one Triton config whose kwargs match
+        ``only``, alone, so it is not benchmarked (ATen alone where Inductor does not offer that
+        config); without ``only`` (reduced mode), ATen and Inductor's Triton mm template
+        configs, benchmarked, as max-autotune offers them. Either way the configs come from
+        max-autotune's list with its fixed layouts (``max_autotune_gemm`` holds while they are
+        generated). Under max-autotune, or where Inductor's Triton templates do not apply
+        (dtype, a small GPU), Inductor's own list stands."""
         from torch._inductor.kernel.mm import mm_template
         from torch._inductor.utils import use_triton_template
 
@@ -310,10 +342,36 @@ class CuteTuneChoices(InductorChoices):
                 or not use_triton_template(kernel_inputs.output_layout(),
                                            check_max_autotune=False)):
             return super().get_template_configs(*args)
-        log.info("cutetune reduced mm: host-bound, ATen and Triton templates benchmarked")
-        with inductor_config.patch(max_autotune_gemm=True):
-            return super().get_template_configs(kernel_inputs, [*templates, mm_template],
-                                                op_name, kwarg_overrides)
+        offered = [mm_template] if only else [*templates, mm_template]
+        self._keep_only = only
+        try:
+            with inductor_config.patch(max_autotune_gemm=True):
+                choices = super().get_template_configs(kernel_inputs, offered, op_name,
+                                                       kwarg_overrides)
+        finally:
+            self._keep_only = None
+        if only and not choices:
+            log.info("cutetune %s mm: Inductor does not offer Triton config %s here; ATen",
+                     self.mode, only)
+            return super().get_template_configs(*args)
+        log.info("cutetune %s mm: host-bound, %s", self.mode,
+                 f"Triton config {only}" if only else "ATen and Triton templates benchmarked")
+        return choices
+
+    def _finalize_template_configs(self, template_choices, kernel_inputs, templates, op_name,
+                                   kwarg_overrides=None):
+        """Inductor's hook between its config generators and the (costly) choice generation:
+        while ``host_bound_mm_configs`` asks for one Triton config, keep only that one."""
+        choices = super()._finalize_template_configs(template_choices, kernel_inputs, templates,
+                                                     op_name, kwarg_overrides)
+        only = self._keep_only
+        if not only:
+            return choices
+        for ktc in choices:
+            kwargs = ktc.params.to_kwargs()
+            if all(kwargs.get(k) == v for k, v in only.items()):
+                return [ktc]
+        return []
 
     def prefetch_graph(self, arch: str) -> None:
         """Once per graph: send the top-k kernels of all its mm/bmm nodes to the prefetcher.
@@ -341,6 +399,7 @@ def host_bound_us() -> float:
 
 # The modules whose code decides what a node's generated code calls.
 DECISION_MODULES = ("cutetune.tuner.inductor", "cutetune.tuner.launcher",
+                    "cutetune.tuner.heuristics", "cutetune.models.triton_mm",
                     "cutetune.space.features", "cutetune.space.rules", "cutetune.space.config",
                     "cutetune.space.problem")
 

@@ -1,0 +1,147 @@
+#!/usr/bin/env python
+"""Inductor's own benchmark of ATen and every Triton mm config it offers, per small-M shape.
+
+cutetune leaves host-bound GEMMs to Inductor; where they are also memory-bound, max-autotune's
+Triton templates ran the step up to 1.5x faster than ATen (data/bench/step_h200.json), and
+predicted mode may not benchmark. These timings are what `models/triton_mm.py` learns one
+config per M from, to offer without benchmarking. Each shape is a torch.mm compiled under
+max-autotune (ATEN,TRITON) with Inductor's caches off; a feedback saver records the timings
+Inductor measured for every choice, and the compiled result is checked against torch.mm.
+
+  python scripts/triton_mm_sweep.py --out data/triton_mm/h200_bf16.jsonl [--budget-s 500]
+      [--families llama3_8b ...] [--ms 1 4 16 ...] [--majors kk kn]
+
+Rows are appended one shape at a time; shapes already in --out are skipped (resumable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from cutetune.space.suites import LLM_LAYERS
+
+# (N, K) of the Linear layers (out, in features) of each model family swept, in sweep order.
+FAMILIES: dict[str, tuple[tuple[int, int], ...]] = {
+    "llama3_8b": ((4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (6144, 4096)),
+    "llama3_70b": tuple(LLM_LAYERS["llama3_70b"].values()),
+    "llama3.2_1b": ((2048, 2048), (512, 2048), (8192, 2048), (2048, 8192)),
+    **{f: tuple(dict.fromkeys(LLM_LAYERS[f].values()))
+       for f in ("qwen2.5_7b", "mistral_nemo_12b", "phi3_mini")},
+}
+MS = (1, 4, 16, 64, 128, 256)
+
+
+def family_of(n: int, k: int) -> str:
+    """The first family with a layer of this (N, K), or "other"."""
+    return next((f for f, nks in FAMILIES.items() if (n, k) in nks), "other")
+# Config kwargs worth keeping: the ones that name a Triton mm config.
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_stages", "num_warps")
+
+
+def choice_record(choice, ms: float) -> dict:
+    """One benchmarked choice: its kind, name, Triton config (when it has one) and time."""
+    from torch._inductor.select_algorithm import ExternKernelCaller, TritonTemplateCaller
+
+    rec = {"name": getattr(choice, "name", type(choice).__name__),
+           "description": str(getattr(choice, "description", "")), "ms": ms}
+    if isinstance(choice, ExternKernelCaller):
+        rec["kind"] = "aten" if choice.choice.name in ("mm", "aten_mm") else "extern"
+        rec["kind_detail"] = choice.choice.name
+    elif isinstance(choice, TritonTemplateCaller):
+        rec["kind"] = "triton"
+        ktc = (getattr(choice, "annotations", None) or {}).get("ktc")
+        kwargs = ktc.params.to_kwargs() if ktc is not None else {}
+        rec["template"] = getattr(getattr(ktc, "template", None), "uid", None)
+        rec["config"] = {k: int(kwargs[k]) for k in CONFIG_KEYS if k in kwargs}
+        rec["info"] = {k: str(v) for k, v in choice.info_dict().items()}
+    else:
+        rec["kind"] = type(choice).__name__
+    return rec
+
+
+def measure_shape(m: int, n: int, k: int, majors: str) -> dict:
+    """Compile torch.mm of (M,K) x (K,N) in the given operand majors under max-autotune and
+    return every choice Inductor benchmarked for it."""
+    import torch
+    from torch._inductor import config as inductor_config
+    from torch._inductor.select_algorithm import get_algorithm_selector_cache
+
+    torch.manual_seed(0)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    # kk: b = W.t() of an (N, K) weight, as nn.Linear hands it; kn: b is (K, N) row-major
+    b = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t() if majors == "kk"
+         else torch.randn(k, n, device="cuda", dtype=torch.bfloat16))
+    seen: list[tuple[str, dict]] = []
+
+    def saver(timings, name, input_nodes, choices, profiler_bench_function,
+              precompile_times=None):
+        seen.append((name, dict(timings)))
+
+    cache = get_algorithm_selector_cache()
+    cache.add_feedback_saver(saver)
+    torch._dynamo.reset()
+    t0 = time.perf_counter()
+    try:
+        with inductor_config.patch(max_autotune_gemm=True,
+                                   max_autotune_gemm_backends="ATEN,TRITON",
+                                   force_disable_caches=True):
+            out = torch.compile(lambda x, y: torch.mm(x, y), dynamic=False)(a, b)
+            torch.cuda.synchronize()
+    finally:
+        cache.feedback_saver_fns.remove(saver)
+    compile_s = time.perf_counter() - t0
+    ref = torch.mm(a.float(), b.float())
+    rel_err = float((out.float() - ref).norm() / ref.norm())
+    mm = [t for name, t in seen if name == "mm"]
+    if len(mm) != 1:
+        raise RuntimeError(f"expected one mm benchmark, Inductor reported {[n for n, _ in seen]}")
+    return {"m": m, "n": n, "k": k, "majors": majors, "dtype": "bf16",
+            "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "compile_s": compile_s, "rel_err": rel_err,
+            "choices": sorted((choice_record(c, float(ms)) for c, ms in mm[0].items()),
+                              key=lambda r: r["ms"])}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path, help="JSONL file, appended")
+    ap.add_argument("--ms", type=int, nargs="+", default=list(MS))
+    ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    ap.add_argument("--majors", nargs="+", default=["kk", "kn"], choices=["kk", "kn"])
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no new shape after this many seconds")
+    args = ap.parse_args()
+    t_start = time.perf_counter()
+    done = set()
+    if args.out.exists():
+        for line in args.out.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                done.add((r["m"], r["n"], r["k"], r["majors"]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    todo = [(m, n, k, mj) for mj in args.majors for f in args.families for n, k in FAMILIES[f]
+            for m in args.ms if (m, n, k, mj) not in done]
+    print(f"{len(done)} shapes already in {args.out}, {len(todo)} to measure", flush=True)
+    for m, n, k, majors in todo:
+        if args.budget_s is not None and time.perf_counter() - t_start > args.budget_s:
+            print("budget spent; re-run to resume", flush=True)
+            break
+        try:
+            row = measure_shape(m, n, k, majors)
+        except Exception as e:  # noqa: BLE001  (recorded, the sweep goes on)
+            row = {"m": m, "n": n, "k": k, "majors": majors, "error": f"{type(e).__name__}: {e}"}
+        with args.out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        best = row.get("choices", [{}])[0]
+        print(f"{majors} M={m} N={n} K={k}: {row.get('error') or best.get('kind')} "
+              f"{best.get('ms', float('nan')) * 1e3:.1f} us, {len(row.get('choices', []))} "
+              f"choices, {row.get('compile_s', 0):.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

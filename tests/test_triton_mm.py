@@ -1,0 +1,192 @@
+"""The Triton mm table predicted mode uses for host-bound, memory-bound mm: fitting from a
+sweep, held-out scoring, the heuristics file that carries it, and the decision that reads it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cutetune.models.triton_mm import (CONFIG_KEYS, NARROW_N, TritonTable, fit, holdout,
+                                       load_sweep, m_bucket)
+from cutetune.space.problem import GemmProblem
+from cutetune.tuner import inductor as ci
+from cutetune.tuner.heuristics import Grid, Heuristics, HeuristicsError, predicted_triton_shapes
+
+X = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 8, "num_stages": 5, "num_warps": 2}
+Y = {**X, "BLOCK_N": 64, "num_warps": 4}
+Z = {**X, "BLOCK_N": 128, "num_stages": 4, "num_warps": 8}
+
+
+def sweep_row(m, n, k, aten_us, triton_us: dict, majors="kk", **extra):
+    """A row as scripts/triton_mm_sweep.py writes it; triton_us maps a config name to us."""
+    configs = {"X": X, "Y": Y, "Z": Z}
+    choices = [{"kind": "aten", "name": "mm", "ms": aten_us / 1e3}]
+    choices += [{"kind": "triton", "name": f"triton_mm_{c}", "config": configs[c],
+                 "ms": t / 1e3} for c, t in triton_us.items()]
+    return {"m": m, "n": n, "k": k, "majors": majors, "dtype": "bf16", "device": "NVIDIA H200",
+            "choices": choices, **extra}
+
+
+def write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def key(c: dict) -> tuple:
+    return tuple(c[k] for k in CONFIG_KEYS)
+
+
+ROWS = [
+    # wide N at the M<=16 bucket: Y fits the group best (X wins one shape); ATen slower
+    sweep_row(1, 4096, 4096, 20.0, {"X": 12.0, "Y": 10.0, "Z": 15.0}),
+    sweep_row(16, 4096, 4096, 20.0, {"X": 8.0, "Y": 11.0, "Z": 15.0}),
+    sweep_row(1, 8192, 4096, 30.0, {"X": 26.0, "Y": 20.0, "Z": float("inf")}),  # Z failed here
+    # narrow N: X wins; ATen faster than any Triton config at M=4
+    sweep_row(4, 1024, 4096, 5.0, {"X": 8.0, "Y": 9.0, "Z": 12.0}),
+    sweep_row(4, 2048, 2048, 15.0, {"X": 7.0, "Y": 9.0, "Z": 12.0}),
+]
+
+
+def test_m_bucket_follows_inductors_block_m_sizing():
+    assert [m_bucket(m) for m in (1, 4, 16, 17, 32, 33, 100, 128, 129)] == [
+        16, 16, 16, 32, 32, 64, 128, 128, 256]
+
+
+def test_load_sweep_skips_errors_and_failed_configs(tmp_path):
+    p = write(tmp_path / "s.jsonl", [*ROWS, {"m": 1, "n": 1, "k": 1, "majors": "kk",
+                                             "error": "RuntimeError: boom"}])
+    shapes = load_sweep(p)
+    assert len(shapes) == len(ROWS)
+    assert key(Z) not in shapes[2].triton_ms  # inf: a config Inductor could not run
+    assert shapes[0].aten_ms == pytest.approx(0.020) and shapes[0].device == "NVIDIA H200"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(ROWS[0]) + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2"):
+        load_sweep(bad)
+
+
+def test_fit_picks_per_bucket_and_width(tmp_path):
+    picks = {(p.m_bucket, p.wide): p for p in fit(load_sweep(write(tmp_path / "s", ROWS)))}
+    assert set(picks) == {(16, True), (16, False)}
+    wide, narrow = picks[16, True], picks[16, False]
+    # Z failed on one wide shape, so it is not offered for the group; Y's geomean is best
+    assert wide.config == key(Y) and wide.shapes == 3
+    assert wide.vs_best_triton == pytest.approx((1.0 * 11 / 8 * 1.0) ** (1 / 3))
+    assert narrow.config == key(X) and narrow.vs_aten == pytest.approx((8 / 5 * 7 / 15) ** 0.5)
+    assert NARROW_N == 2048  # 2048 is narrow, 4096 wide
+
+
+def test_table_lookup_by_group(tmp_path):
+    table = TritonTable.from_sweep(load_sweep(write(tmp_path / "s", ROWS)))
+    assert table.config("kk", 8, 4096, 4096) == Y  # the group's pick, any M in the bucket
+    assert table.config("kk", 2, 14336, 4096) == Y  # an unmeasured wide N too
+    assert table.config("kk", 1, 512, 4096) == X  # narrow N: its group's pick
+    assert table.config("kk", 64, 4096, 4096) is None  # no measurement at this M bucket
+    assert table.config("kn", 1, 4096, 4096) is None  # nor for these operand majors
+    again = TritonTable.from_json(json.loads(json.dumps(table.to_json())))
+    assert again.picks == table.picks
+    with pytest.raises(ValueError, match="config keys"):
+        TritonTable.from_json({**table.to_json(), "config_keys": ["BLOCK_M"]})
+    with pytest.raises(ValueError, match="malformed"):
+        TritonTable.from_json({"config_keys": list(CONFIG_KEYS)})
+
+
+def test_table_skips_a_group_pick_slower_than_aten(tmp_path):
+    rows = [sweep_row(1, 4096, 4096, 10.0, {"X": 12.0, "Y": 13.0}),
+            sweep_row(1, 8192, 4096, 10.0, {"X": 11.0, "Y": 12.0})]
+    table = TritonTable.from_sweep(load_sweep(write(tmp_path / "s", rows)))
+    assert table.picks["kk", 16, True].vs_aten > 1.0
+    assert table.config("kk", 1, 14336, 4096) is None
+
+
+def test_holdout_scores_each_group_with_picks_fitted_without_it(tmp_path):
+    shapes = load_sweep(write(tmp_path / "s", ROWS))
+    rows = holdout(shapes, lambda s: "a" if s.n == 4096 else "b")
+    # group a's wide shapes get b's wide pick: Y (b's only wide shape, 8192x4096)
+    a = [r for r in rows if r["group"] == "a"]
+    assert [r["config"] for r in a] == [Y, Y]
+    assert a[1]["vs_best_triton"] == pytest.approx(11.0 / 8.0)
+    assert a[0]["vs_aten"] == pytest.approx(10.0 / 20.0)
+    assert [r["config"] for r in rows if r["group"] == "b"] == [X]  # a's wide pick
+    # b's narrow shapes: group a has no narrow shape, so no pick to score them with
+    assert all(r["group"] == "a" or r["n"] > NARROW_N for r in rows)
+
+
+def test_predicted_triton_shapes_keep_host_and_memory_bound_ones(tmp_path):
+    rows = [sweep_row(1, 4096, 4096, 20.0, {"X": 10.0}),  # 7.8 us at the ceiling, memory-bound
+            sweep_row(1024, 4096, 4096, 40.0, {"X": 50.0}),  # host-bound but compute-bound
+            sweep_row(1, 28672, 8192, 120.0, {"X": 120.0})]  # 109 us: not host-bound
+    kept = predicted_triton_shapes(load_sweep(write(tmp_path / "s", rows)), "sm90", "bf16")
+    assert [(s.m, s.n) for s in kept] == [(1, 4096)]
+    assert predicted_triton_shapes(load_sweep(tmp_path / "s"), "sm90", "fp16") == []
+
+
+def heuristics_with(table) -> Heuristics:
+    return Heuristics("sm90", "bf16", 1, Grid(m=(1,), n=(16,), k=(16,)), (), [None] * 4, {},
+                      triton=table)
+
+
+def test_heuristics_file_carries_the_table(tmp_path):
+    table = TritonTable.from_sweep(load_sweep(write(tmp_path / "s", ROWS)))
+    path = heuristics_with(table).save(tmp_path / "h.json")
+    h = Heuristics.load(path)
+    p = GemmProblem(4, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")
+    assert h.triton_config(p) == Y
+    assert h.triton_config(GemmProblem(4, 4096, 4096, 2, "bf16", "bf16", "k", "k", "sm90")) is None
+    with pytest.raises(HeuristicsError, match="sm90/bf16"):
+        h.triton_config(GemmProblem(4, 4096, 4096, 1, "fp16", "fp16", "k", "k", "sm90"))
+    assert Heuristics.load(heuristics_with(None).save(tmp_path / "none.json")).triton_config(p) is None
+    d = json.loads(path.read_text())
+    d["triton_mm"]["picks"][0]["config"] = {"BLOCK_M": 16}
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    with pytest.raises(HeuristicsError, match="corrupt heuristics file"):
+        Heuristics.load(tmp_path / "bad.json")
+
+
+def test_decide_gives_the_tables_config_in_both_modes(tmp_path):
+    """A host-bound, memory-bound mm gets the table's config unbenchmarked in both modes;
+    reduced mode benchmarks Inductor's Triton list only where the table has no config."""
+    h = heuristics_with(TritonTable.from_sweep(load_sweep(write(tmp_path / "s", ROWS))))
+    limit = ci.QUACK_LAUNCH_HOST_US
+    p = GemmProblem(4, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")
+    for mode, k in (("predicted", 1), ("reduced", 5)):
+        d = ci.decide(p, mode, h, k, limit)
+        assert d.leave and d.aten and not d.triton and dict(d.triton_config) == Y
+    compute_bound = GemmProblem(1024, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")
+    assert ci.decide(compute_bound, "predicted", h, 1, limit).triton_config == ()
+    no_table = GemmProblem(64, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")
+    assert ci.decide(no_table, "predicted", h, 1, limit) == ci.NodeDecision(
+        (), True, ci.decide(no_table, "predicted", h, 1, limit).reason, leave=True)
+    d = ci.decide(no_table, "reduced", h, 5, limit)
+    assert d.triton and d.triton_config == ()
+
+
+def test_cli_emit_adds_the_triton_table(tmp_path, monkeypatch):
+    import cutetune.models
+    from cutetune.cli import main
+
+    from test_inductor import FakeModel
+
+    monkeypatch.setattr(cutetune.models, "load_model", lambda *a, **k: FakeModel(),
+                        raising=False)
+    model_file = tmp_path / "model.bin"
+    model_file.write_bytes(b"weights")
+    # emit's grid, Grid(batch=...), made tiny; loading reads the file's own grid
+    def grid(*args, **kwargs):
+        if set(kwargs) == {"batch"} and not args:
+            kwargs.update(m=(1,), n=(16,), k=(16,))
+        return Grid(*args, **kwargs)
+
+    monkeypatch.setattr("cutetune.tuner.heuristics.Grid", grid)
+    sweep = write(tmp_path / "s.jsonl", ROWS)
+    out = tmp_path / "h.json"
+    assert main(["emit", "--model", str(model_file), "--out", str(out),
+                 "--triton-sweep", str(sweep)]) == 0
+    h = Heuristics.load(out)
+    assert h.triton.config("kk", 1, 4096, 4096) == Y and h.meta["triton_sweep"] == str(sweep)
+    compute_bound = write(tmp_path / "cb.jsonl", [sweep_row(1024, 4096, 4096, 40.0, {"X": 50.0})])
+    assert main(["emit", "--model", str(model_file), "--out", str(out),
+                 "--triton-sweep", str(compute_bound)]) == 2
+    assert main(["emit", "--model", str(model_file), "--out", str(out),
+                 "--triton-sweep", str(tmp_path / "missing.jsonl")]) == 2
