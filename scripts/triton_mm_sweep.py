@@ -3,8 +3,8 @@
 
 cutetune leaves host-bound GEMMs to Inductor; where they are also memory-bound, max-autotune's
 Triton templates ran the step up to 1.5x faster than ATen (data/bench/step_h200.json), and
-predicted mode may not benchmark. These timings are what `models/triton_mm.py` learns one
-config per M from, to offer without benchmarking. Each shape is a torch.mm compiled under
+predicted mode may not benchmark. `models/triton_mm.py` learns from these timings one config
+per M bucket and N width, to offer without benchmarking. Each shape is a torch.mm compiled under
 max-autotune (ATEN,TRITON) with Inductor's caches off; a feedback saver records the timings
 Inductor measured for every choice, and the compiled result is checked against torch.mm.
 
