@@ -11,8 +11,8 @@ bucket, narrow or wide N), the config with the best geomean over the group's sha
 to each shape's fastest Triton config. Narrow N (at most NARROW_N) is split off because its
 output has too few column tiles to fill the GPU with the tiles that suit wide N (how the picks
 fare on model families they were not fitted on: scripts/triton_mm_report.py). There are no
-per-shape entries: on the H200, Llama-3-8B's steps ran faster with the group picks than with
-each shape's own measured best (data/bench/step_h200_triton.json).
+per-shape entries: the group picks are what steps on the H200 were timed with
+(predicted-heldout in data/bench/step_h200_triton.json).
 """
 
 from __future__ import annotations

@@ -62,11 +62,27 @@ def _triton_launchers(modules) -> dict:
     return out
 
 
+def _run_and_capture_code(fn, x):
+    """``fn(x)`` and the output code Inductor generates meanwhile. Not Inductor's
+    ``run_and_get_code``: it resets Dynamo, which throws away the modes compiled before, so
+    they compile again when timed, outside their cutetune installation (as the default's code).
+    Until 2026-11-30 this script timed every mode but the last compiled that way."""
+    from unittest import mock
+
+    from torch._inductor.graph import GraphLowering
+
+    codes = []
+    with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+        out = fn(x)
+    return out, codes
+
+
 def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = None) -> dict:
     import torch
+    from torch._dynamo.utils import counters
     from torch._inductor.codecache import PyCodeCache
-    from torch._inductor.utils import run_and_get_code
 
+    torch._dynamo.reset()
     torch._dynamo.config.automatic_dynamic_shapes = False  # static shapes, as in bench_e2e
     torch.manual_seed(0)
     x = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
@@ -83,12 +99,15 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
                 loaded = len(getattr(PyCodeCache, "modules", ()))
                 t0 = time.perf_counter()
                 with _installation(mode, heldout_model):
-                    code = run_and_get_code(fns[mode], x)[1]
+                    code = _run_and_capture_code(fns[mode], x)[1]
                 compile_s[mode] = time.perf_counter() - t0
                 kernels[mode] = _kernel_counts("\n".join(code))
                 launchers[mode] = _triton_launchers(getattr(PyCodeCache, "modules", [])[loaded:])
-            for fn in fns.values():
+            recompiled = {}  # a graph Dynamo compiles again here runs without cutetune
+            for mode, fn in fns.items():
+                graphs = counters["stats"]["unique_graphs"]
                 _time_calls(torch, fn, x, repeats=1)  # warm-up
+                recompiled[mode] = counters["stats"]["unique_graphs"] - graphs
             timed = {mode: [] for mode in fns}
             for _ in range(rounds):
                 for mode, fn in fns.items():
@@ -96,6 +115,7 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
         res["workloads"][name] = {
             "kernels": kernels,
             "triton_launchers": launchers,
+            "graphs_compiled_when_timed": recompiled,
             "compile_s_in_process": compile_s,  # imports and caches warm: not bench_e2e's
             "step_us": {mode: float(np.median([t["median"] for t in ts])) * 1e3
                         for mode, ts in timed.items()},
@@ -107,16 +127,24 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
     return res
 
 
-def step_targets(parts: list[dict]) -> dict:
+def counted_steps(workload: dict, drop=()) -> dict:
+    """A workload's step times without the modes in ``drop`` and those Dynamo compiled again
+    when they were first timed (their timed code was not the code compiled for the mode)."""
+    again = workload.get("graphs_compiled_when_timed", {})
+    return {mode: us for mode, us in workload.get("step_us", {}).items()
+            if mode not in drop and not again.get(mode)}
+
+
+def step_targets(parts: list[dict], drop=()) -> dict:
     """The issue's step-time targets (bench_e2e.LIMITS) per workload over one-process results
-    (one per M); a check needs the modes it compares in the same result. predicted-heldout,
-    where measured, is held to the predicted-mode limit too (not an issue target: it shows
-    what shapes the Triton table was not fitted on get)."""
+    (one per M) and their ``counted_steps``; a check needs the modes it compares in the same
+    result. predicted-heldout, where measured, is held to the predicted-mode limit too (not an
+    issue target: it shows what shapes the Triton table was not fitted on get)."""
     out = {}
     for wl in sorted({w for p in parts for w in p["workloads"]}):
         pred_best, red_pred, big, heldout = {}, {}, [], {}
         for p in sorted(parts, key=lambda p: p["m"]):
-            step = p["workloads"].get(wl, {}).get("step_us", {})
+            step = counted_steps(p["workloads"].get(wl, {}), drop)
             best = [step[k] for k in ("default", "max-autotune") if k in step]
             if "predicted" in step and best:
                 pred_best[p["m"]] = step["predicted"] / min(best)
@@ -147,11 +175,19 @@ def main() -> None:
                     "predicted-heldout (e.g. a Triton table fitted without these shapes)")
     ap.add_argument("--report", nargs="+", metavar="JSON",
                     help="one-process results to gather, with the targets checked on them")
+    ap.add_argument("--drop-modes", nargs="+", default=[], metavar="MODE",
+                    help="with --report: modes whose timings do not count (say why in --why)")
+    ap.add_argument("--why", default="", help="why --drop-modes' timings do not count")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.drop_modes and not args.why:
+        raise SystemExit("--drop-modes needs --why")
     if args.report:
         parts = [json.loads(Path(f).read_text()) for f in args.report]
-        res = {"parts": sorted(parts, key=lambda p: p["m"]), "targets": step_targets(parts)}
+        res = {"parts": sorted(parts, key=lambda p: p["m"]),
+               "targets": step_targets(parts, set(args.drop_modes))}
+        if args.drop_modes:
+            res["not_counted"] = {"modes": args.drop_modes, "why": args.why}
         summary = res["targets"]
     elif args.m is None:
         raise SystemExit("--m is required unless --report is given")

@@ -105,6 +105,37 @@ def test_step_targets_from_one_process_results():
     assert abs(big["value"] - (0.96 * 0.975) ** 0.5) < 1e-12
 
 
+def test_modes_compiled_again_when_timed_do_not_count():
+    ab = _step_ab()
+    wl = {"step_us": {"default": 100.0, "max-autotune": 90.0, "predicted": 99.0,
+                      "reduced": 91.0},
+          "graphs_compiled_when_timed": {"default": 0, "max-autotune": 0, "predicted": 1,
+                                         "reduced": 0}}
+    assert ab.counted_steps(wl) == {"default": 100.0, "max-autotune": 90.0, "reduced": 91.0}
+    assert ab.counted_steps(wl, {"reduced"}) == {"default": 100.0, "max-autotune": 90.0}
+    t = ab.step_targets([{"m": 16, "workloads": {"mlp": wl}}])["mlp"]
+    assert t["predicted_step_over_best_ratio"]["checked"] == 0
+
+
+def test_capturing_code_keeps_the_modes_compiled_before():
+    """Each mode's compile must survive the next one's: Inductor's run_and_get_code resets
+    Dynamo, so a step compiled before would compile again when timed, without cutetune."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    ab = _step_ab()
+    torch._dynamo.reset()
+    first = torch.compile(ab._fresh_step(torch.sin), backend="eager")
+    second = torch.compile(ab._fresh_step(torch.cos), backend="eager")
+    x = torch.ones(3)
+    ab._run_and_capture_code(first, x)
+    ab._run_and_capture_code(second, x)
+    graphs = counters["stats"]["unique_graphs"]
+    first(x)
+    second(x)
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
 def test_each_compiled_step_gets_its_own_code_object():
     ab = _step_ab()
     first, second = ab._fresh_step(len), ab._fresh_step(len)

@@ -436,10 +436,11 @@ class TritonHeuristics(FakeHeuristics):
         return self.CONFIG
 
 
-def test_modes_ask_for_the_heuristics_triton_config_alone(fake_gpu, monkeypatch):
-    """Both modes ask Inductor for the Triton mm template alone, under max-autotune's settings,
-    keeping only the heuristics' config; CPU torch generates no Triton choice, so the node
-    falls back to ATen, as it does wherever Inductor does not offer that config."""
+def test_predicted_asks_for_the_heuristics_triton_config_alone(fake_gpu, monkeypatch):
+    """Predicted mode asks Inductor for the Triton mm template alone, under max-autotune's
+    settings, keeping only the heuristics' config; CPU torch generates no Triton choice, so
+    the node falls back to ATen, as it does wherever Inductor does not offer that config.
+    Reduced mode asks for ATen and the whole Triton list."""
     import torch._inductor.utils as iu
     from torch._inductor.choices import InductorChoices
     from torch._inductor.kernel.mm import mm_template
@@ -455,13 +456,14 @@ def test_modes_ask_for_the_heuristics_triton_config_alone(fake_gpu, monkeypatch)
         return original(self, kernel_inputs, externs, op_name, kwarg_overrides)
 
     monkeypatch.setattr(InductorChoices, "get_template_configs", stand_in)
-    for mode in ("predicted", "reduced"):
+    for mode, want in (("predicted", [([mm_template.uid], True, TritonHeuristics.CONFIG),
+                                       (["aten::mm"], False, None)]),
+                       ("reduced", [(["aten::mm", mm_template.uid], True, None)])):
         asked.clear()
         with ci.enable(mode, model=TritonHeuristics()):
             kernels = lower(lambda a, b: a @ b, row(16, 1024), row(1024, 1024))
         assert [name for name, _ in kernels] == ["extern_kernels.mm"]
-        assert asked == [([mm_template.uid], True, TritonHeuristics.CONFIG),
-                         (["aten::mm"], False, None)]
+        assert asked == want
 
 
 def test_finalize_keeps_only_the_asked_triton_config():
@@ -830,11 +832,10 @@ def _compile_host_bound_mm(mode: str, fn, m: int, n: int, k: int, transposed_b: 
 
 @gpu
 def test_gpu_reduced_benchmarks_triton_templates_for_host_bound_mm():
-    """A 16x1024x1024 mm is host-bound: with a row-major B, for which the packaged Triton table
-    has no config, reduced mode benchmarks ATen and Triton templates (Inductor's own choice
-    types, seen by a feedback saver) and runs the winner correctly."""
-    out, ref, _, timed = _compile_host_bound_mm("reduced", lambda a, b: a @ b, 16, 1024, 1024,
-                                                transposed_b=False)
+    """A 16x1024x1024 mm is host-bound: reduced mode benchmarks ATen and Triton templates
+    (Inductor's own choice types, seen by a feedback saver) and runs the winner correctly."""
+    out, ref, _, timed = _compile_host_bound_mm("reduced", lambda a, b: a @ b.t(), 16, 1024,
+                                                1024, transposed_b=True)
     assert "TritonTemplateCaller" in timed and "ExternKernelCaller" in timed
     assert _rel_err(out, ref) < 2e-2
 

@@ -144,22 +144,22 @@ def test_heuristics_file_carries_the_table(tmp_path):
         Heuristics.load(tmp_path / "bad.json")
 
 
-def test_decide_gives_the_tables_config_in_both_modes(tmp_path):
-    """A host-bound, memory-bound mm gets the table's config unbenchmarked in both modes;
-    reduced mode benchmarks Inductor's Triton list only where the table has no config."""
+def test_decide_gives_the_tables_config_in_predicted_mode(tmp_path):
+    """A host-bound, memory-bound mm gets the table's config, unbenchmarked, in predicted mode;
+    reduced mode benchmarks Inductor's Triton list beside ATen."""
     h = heuristics_with(TritonTable.from_sweep(load_sweep(write(tmp_path / "s", ROWS))))
     limit = ci.QUACK_LAUNCH_HOST_US
     p = GemmProblem(4, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")
-    for mode, k in (("predicted", 1), ("reduced", 5)):
-        d = ci.decide(p, mode, h, k, limit)
-        assert d.leave and d.aten and not d.triton and dict(d.triton_config) == Y
+    d = ci.decide(p, "predicted", h, 1, limit)
+    assert d.leave and d.aten and not d.triton and dict(d.triton_config) == Y
+    d = ci.decide(p, "reduced", h, 5, limit)
+    assert d.leave and d.triton and d.triton_config == ()
     compute_bound = GemmProblem(1024, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")
     assert ci.decide(compute_bound, "predicted", h, 1, limit).triton_config == ()
     no_table = GemmProblem(64, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")
     assert ci.decide(no_table, "predicted", h, 1, limit) == ci.NodeDecision(
         (), True, ci.decide(no_table, "predicted", h, 1, limit).reason, leave=True)
-    d = ci.decide(no_table, "reduced", h, 5, limit)
-    assert d.triton and d.triton_config == ()
+    assert ci.decide(no_table, "reduced", h, 5, limit).triton
 
 
 def test_cli_emit_adds_the_triton_table(tmp_path, monkeypatch):

@@ -22,10 +22,10 @@ keep Inductor's own candidates: ATen alone under default settings. Both modes le
 Inductor the GEMMs too small to cover a quack launch's host time (``QUACK_LAUNCH_HOST_US``)
 unless the graph runs under CUDA graphs: the cost model and Inductor's benchmark time the GPU
 only, and at small M a step without CUDA graphs waits on the host. Where such a plain mm is
-also memory-bound, both modes give it the one Inductor Triton mm config that the heuristics
-file names for it (measured by scripts/triton_mm_sweep.py, fitted by models/triton_mm.py),
-unbenchmarked; without one, reduced mode benchmarks Inductor's Triton mm templates beside ATen,
-as max-autotune would. A Triton launch from generated code costs less host time than ATen's
+also memory-bound, reduced mode benchmarks Inductor's Triton mm templates beside ATen, as
+max-autotune would, and predicted mode gives it the one Triton config that the heuristics file
+names for it (measured by scripts/triton_mm_sweep.py, fitted by models/triton_mm.py), or ATen
+where the file names none. A Triton launch from generated code costs less host time than ATen's
 extern call, and the template takes the node's pointwise epilogue; on compute-bound GEMMs
 cuBLAS's kernels win (data/bench/step_h200_hostbound.json).
 
@@ -106,10 +106,10 @@ class NodeDecision:
     aten: bool
     reason: str
     leave: bool = False
-    # a host-bound and memory-bound GEMM: the one Triton mm config (Inductor's kwargs) that the
-    # heuristics give it, or in reduced mode without one, Inductor's Triton templates beside ATen
-    triton_config: tuple[tuple[str, int], ...] = ()
+    # a host-bound and memory-bound GEMM: in reduced mode Inductor's Triton templates beside
+    # ATen; in predicted mode the one Triton mm config (Inductor's kwargs) the heuristics give it
     triton: bool = False
+    triton_config: tuple[tuple[str, int], ...] = ()
 
 
 # Host time of one quack GEMM in a compiled step without CUDA graphs: the default step's host
@@ -147,22 +147,21 @@ def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: in
     reduced: the top-k configs and ATen. A node is left to Inductor (ATen alone under its
     default settings) when ``problem`` is the ProblemError saying why quack cannot run it, or
     when even the device's ceiling runs the GEMM in under ``host_bound_us``. Such a GEMM, if
-    memory-bound, gets the heuristics' Triton config where they have one (in both modes:
-    Inductor's benchmark times the GPU alone, and the configs it picked ran such steps slower,
-    data/bench/step_h200_triton.json); else in reduced mode Inductor's Triton templates
-    benchmarked beside ATen."""
+    memory-bound, gets Inductor's Triton templates benchmarked beside ATen in reduced mode, and
+    in predicted mode the heuristics' Triton config where they have one."""
     if isinstance(problem, ProblemError):
         return NodeDecision((), True, f"unsupported: {problem}", leave=True)
     bound = host_bound(problem, host_bound_us)
     if bound is not None:  # Inductor's own candidates: ATen, or under max-autotune also its
         # Triton templates, whose launches cost less host time than ATen's
         ideal_us, memory_bound = bound
-        config = _triton_config(heuristics, problem) if memory_bound else ()
+        config = (_triton_config(heuristics, problem) if mode == "predicted" and memory_bound
+                  else ())
         return NodeDecision((), True, f"host-bound: {ideal_us:.1f} us at the device's ceiling, "
                                       f"under a quack launch's {host_bound_us:.0f} us of host "
                                       f"time{'; memory-bound' if memory_bound else ''}",
-                            leave=True, triton_config=config,
-                            triton=mode == "reduced" and memory_bound and not config)
+                            leave=True, triton=mode == "reduced" and memory_bound,
+                            triton_config=config)
     try:
         configs, prefers_aten = heuristics.lookup(problem)
     except HeuristicsError as e:
@@ -326,13 +325,13 @@ class CuteTuneChoices(InductorChoices):
 
     def host_bound_mm_configs(self, kernel_inputs, templates, op_name, kwarg_overrides,
                               only: dict[str, int]):
-        """A host-bound and memory-bound plain mm: the one Triton config whose kwargs match
-        ``only``, alone, so it is not benchmarked (ATen alone where Inductor does not offer that
-        config); without ``only`` (reduced mode), ATen and Inductor's Triton mm template
-        configs, benchmarked, as max-autotune offers them. Either way the configs come from
-        max-autotune's list with its fixed layouts (``max_autotune_gemm`` holds while they are
-        generated). Under max-autotune, or where Inductor's Triton templates do not apply
-        (dtype, a small GPU), Inductor's own list stands."""
+        """A host-bound and memory-bound plain mm. Reduced mode (``only`` empty): ATen and
+        Inductor's Triton mm template configs, benchmarked, as max-autotune offers them.
+        Predicted mode: the one Triton config whose kwargs match ``only``, alone, so it is not
+        benchmarked (ATen alone where Inductor does not offer that config). Either way the
+        configs come from max-autotune's list with its fixed layouts (``max_autotune_gemm``
+        holds while they are generated). Under max-autotune, or where Inductor's Triton
+        templates do not apply (dtype, a small GPU), Inductor's own list stands."""
         from torch._inductor.kernel.mm import mm_template
         from torch._inductor.utils import use_triton_template
 
@@ -343,7 +342,7 @@ class CuteTuneChoices(InductorChoices):
                                            check_max_autotune=False)):
             return super().get_template_configs(*args)
         offered = [mm_template] if only else [*templates, mm_template]
-        self._keep_only = only
+        self._keep_only = only or None
         try:
             with inductor_config.patch(max_autotune_gemm=True):
                 choices = super().get_template_configs(kernel_inputs, offered, op_name,
