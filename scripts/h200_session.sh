@@ -32,6 +32,10 @@
 #   order  (after verify's predicted and reduced steps were as slow as the default's with the
 #      same Triton kernels as the fast modes) the same steps with the modes in another order,
 #      recording whether each Triton kernel runs on Inductor's static launcher
+#   recheck  (next session, after step_ab.py stopped resetting Dynamo between modes) the GPU
+#      tests of host-bound mm, then every mode's steps in one process at M 1 16 128 (predicted
+#      with the shipped Triton table, reduced benchmarking Triton templates), then compile
+#      times at M 1 128 with the shipped table
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
 # nvidia-smi samples clocks, power and temperature all along. Results are packed into $OUT.
 set -uo pipefail
@@ -151,6 +155,15 @@ print(torch.__version__, 'get_ktc', hasattr(C, 'get_ktc'), \
         --heldout-model "$E2E/heuristics_without_llama3_8b.json" \
         --out "$E2E/ab_order_$1_m$2.json" 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
     done ;;
+  recheck)
+    timeout 150 python -m pytest -m gpu tests/test_inductor.py -k "host_bound" -q \
+      -p no:cacheprovider 2>&1 | tail -n 3 | tee "$E2E/gpu_tests_recheck.log"
+    for m in 1 16 128; do
+      timeout "$(left 150)" python scripts/step_ab.py --m "$m" --out "$E2E/ab_rc_m$m.json" \
+        2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
+    done
+    bench part_rc --ms 1 128 --modes default max-autotune predicted reduced \
+      --warm-for predicted --skip-overhead ;;
 esac
 kill "$SMI" 2>/dev/null
 tar -C "$E2E" -czf "$OUT/e2e_$CALL.tgz" .
