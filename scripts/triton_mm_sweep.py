@@ -21,7 +21,9 @@ import json
 import time
 from pathlib import Path
 
+from cutetune.space.problem import GemmProblem
 from cutetune.space.suites import LLM_LAYERS
+from cutetune.tuner.triton_timings import append_row, sweep_row
 
 # (N, K) of the Linear layers (out, in features) of each model family swept, in sweep order.
 FAMILIES: dict[str, tuple[tuple[int, int], ...]] = {
@@ -37,31 +39,6 @@ MS = (1, 4, 16, 64, 128, 256)
 def family_of(n: int, k: int) -> str:
     """The first family with a layer of this (N, K), or "other"."""
     return next((f for f, nks in FAMILIES.items() if (n, k) in nks), "other")
-# Config kwargs worth keeping: the ones that name a Triton mm config.
-CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_stages", "num_warps")
-
-
-def choice_record(choice, ms: float) -> dict:
-    """One benchmarked choice: its kind, name, Triton config (when it has one) and time."""
-    from torch._inductor.select_algorithm import ExternKernelCaller, TritonTemplateCaller
-
-    rec = {"name": getattr(choice, "name", type(choice).__name__),
-           "description": str(getattr(choice, "description", "")), "ms": ms}
-    if isinstance(choice, ExternKernelCaller):
-        rec["kind"] = "aten" if choice.choice.name in ("mm", "aten_mm") else "extern"
-        rec["kind_detail"] = choice.choice.name
-    elif isinstance(choice, TritonTemplateCaller):
-        rec["kind"] = "triton"
-        ktc = (getattr(choice, "annotations", None) or {}).get("ktc")
-        kwargs = ktc.params.to_kwargs() if ktc is not None else {}
-        rec["template"] = getattr(getattr(ktc, "template", None), "uid", None)
-        rec["config"] = {k: int(kwargs[k]) for k in CONFIG_KEYS if k in kwargs}
-        rec["info"] = {k: str(v) for k, v in choice.info_dict().items()}
-    else:
-        rec["kind"] = type(choice).__name__
-    return rec
-
-
 def measure_shape(m: int, n: int, k: int, majors: str) -> dict:
     """Compile torch.mm of (M,K) x (K,N) in the given operand majors under max-autotune and
     return every choice Inductor benchmarked for it."""
@@ -98,11 +75,9 @@ def measure_shape(m: int, n: int, k: int, majors: str) -> dict:
     mm = [t for name, t in seen if name == "mm"]
     if len(mm) != 1:
         raise RuntimeError(f"expected one mm benchmark, Inductor reported {[n for n, _ in seen]}")
-    return {"m": m, "n": n, "k": k, "majors": majors, "dtype": "bf16",
-            "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "compile_s": compile_s, "rel_err": rel_err,
-            "choices": sorted((choice_record(c, float(ms)) for c, ms in mm[0].items()),
-                              key=lambda r: r["ms"])}
+    return sweep_row(GemmProblem(m, n, k, a_major=majors[0], b_major=majors[1]), mm[0],
+                     torch.cuda.get_device_name(), torch.__version__, compile_s=compile_s,
+                     rel_err=rel_err)
 
 
 def main() -> int:
@@ -134,8 +109,7 @@ def main() -> int:
             row = measure_shape(m, n, k, majors)
         except Exception as e:  # noqa: BLE001  (recorded, the sweep goes on)
             row = {"m": m, "n": n, "k": k, "majors": majors, "error": f"{type(e).__name__}: {e}"}
-        with args.out.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_row(args.out, row)
         best = row.get("choices", [{}])[0]
         print(f"{majors} M={m} N={n} K={k}: {row.get('error') or best.get('kind')} "
               f"{best.get('ms', float('nan')) * 1e3:.1f} us, {len(row.get('choices', []))} "

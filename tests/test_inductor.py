@@ -495,17 +495,23 @@ def test_reduced_leaves_unsupported_nodes_to_inductor(fake_gpu):
     assert seen == [["mm"]]
 
 
-def test_feedback_rows_from_inductor_timings(fake_gpu, tmp_path, monkeypatch):
+def reduced_mm_choices(m: int, top_k: int) -> list:
+    """The choices reduced mode gives an (m x 256) @ (256 x 512) mm, as Inductor's
+    preprocessing hook sees them (only the first is kept, so nothing is benchmarked)."""
     seen = []
     cache = sa.get_algorithm_selector_cache()
     cache.add_preprocessing_fn(lambda cs: seen.append(list(cs)) or cs[:1])
     try:
-        with ci.enable("reduced", top_k=2, model=FakeHeuristics()):
-            lower(lambda a, b: a @ b, row(64, 256), row(256, 512))
+        with ci.enable("reduced", top_k=top_k, model=FakeHeuristics()):
+            lower(lambda a, b: a @ b, row(m, 256), row(256, 512))
     finally:
         cache.preprocessing_fns.pop()
+    return seen[0]
+
+
+def test_feedback_rows_from_inductor_timings(fake_gpu, tmp_path, monkeypatch):
+    choices = reduced_mm_choices(64, top_k=2)
     monkeypatch.setattr(ci, "environment", lambda: {"device_name": "test", "host": "x"})
-    choices = seen[0]
     timings = {choices[0]: 0.010, choices[1]: 0.008, choices[2]: float("inf")}
     rec = ci.FeedbackRecorder(tmp_path / "fb")
     rec(timings, "mm", choices[0].input_nodes, choices, None, {})
@@ -520,6 +526,41 @@ def test_feedback_rows_from_inductor_timings(fake_gpu, tmp_path, monkeypatch):
     assert {r["suite"] for r in rows} == {ci.FEEDBACK_SUITE}
     assert rows[1]["problem_key"] == P(64, 512, 256, b_major="n").key()
     assert rows[1]["tile_n"] == A.tile_n and rows[0]["tile_n"] is None
+
+
+class FakeTritonChoice(sa.TritonTemplateCaller):
+    """A Triton mm template choice as the feedback saver sees it (CPU torch cannot generate
+    real ones): a name and the KernelTemplateChoice annotation holding its config."""
+
+    def __init__(self, name: str, **config) -> None:  # no ChoiceCaller state needed here
+        from types import SimpleNamespace
+
+        self.name, self.description = name, ""
+        self.annotations = {"ktc": SimpleNamespace(
+            params=SimpleNamespace(to_kwargs=lambda: {**config, "EVEN_K": True}),
+            template=SimpleNamespace(uid="triton::mm"))}
+
+
+def test_feedback_appends_triton_sweep_rows(fake_gpu, tmp_path, monkeypatch):
+    """A host-bound mm's benchmark of ATen and Triton templates becomes one Triton sweep row
+    in the feedback folder, which load_sweep (and so `cutetune emit --triton-sweep`) reads."""
+    from cutetune.models.triton_mm import load_sweep
+
+    aten = next(c for c in reduced_mm_choices(16, top_k=1) if c.choice.name == "mm")
+    monkeypatch.setattr(ci, "environment", lambda: {"device_name": "NVIDIA H200",
+                                                    "torch_version": "2.x", "host": "x"})
+    x = FakeTritonChoice("triton_mm_0", **TritonHeuristics.CONFIG)
+    y = FakeTritonChoice("triton_mm_1", **{**TritonHeuristics.CONFIG, "BLOCK_N": 32})
+    timings = {aten: 0.020, x: 0.010, y: float("inf")}
+    rec = ci.FeedbackRecorder(tmp_path / "fb")
+    rec(timings, "mm", aten.input_nodes, list(timings), None, {})
+    rec(timings, "mm", aten.input_nodes, list(timings), None, {})  # cached replay: no new row
+    rec({aten: 0.02}, "mm", aten.input_nodes, [aten], None, {})  # no Triton choice: no row
+    (shape,) = load_sweep(tmp_path / "fb" / ci.TRITON_FEEDBACK)
+    assert (shape.m, shape.n, shape.k, shape.majors, shape.device) == (16, 512, 256, "kn",
+                                                                       "NVIDIA H200")
+    assert shape.aten_ms == 0.020
+    assert shape.triton_ms == {tuple(TritonHeuristics.CONFIG.values()): 0.010}  # inf: failed
 
 
 # ---------------------------------------------------------------- installation

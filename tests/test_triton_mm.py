@@ -184,7 +184,7 @@ def test_cli_emit_adds_the_triton_table(tmp_path, monkeypatch):
     assert main(["emit", "--model", str(model_file), "--out", str(out),
                  "--triton-sweep", str(sweep)]) == 0
     h = Heuristics.load(out)
-    assert h.triton.config("kk", 1, 4096, 4096) == Y and h.meta["triton_sweep"] == str(sweep)
+    assert h.triton.config("kk", 1, 4096, 4096) == Y and h.meta["triton_sweep"] == [str(sweep)]
     compute_bound = write(tmp_path / "cb.jsonl", [sweep_row(1024, 4096, 4096, 40.0, {"X": 50.0})])
     assert main(["emit", "--model", str(model_file), "--out", str(out),
                  "--triton-sweep", str(compute_bound)]) == 2

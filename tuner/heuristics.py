@@ -385,17 +385,20 @@ def predicted_triton_shapes(swept, arch: str, dtype: str) -> list:
     return shapes
 
 
-def _triton_table(path: str, arch: str, dtype: str) -> TritonTable:
+def _triton_table(paths: list[str], arch: str, dtype: str) -> TritonTable:
     from cutetune.cli import UserError
     from cutetune.models.triton_mm import load_sweep
 
-    try:
-        shapes = predicted_triton_shapes(load_sweep(path), arch, dtype)
-    except (OSError, ValueError) as e:
-        raise UserError(f"Triton sweep {path}: {e}") from None
+    swept = []
+    for path in paths:
+        try:
+            swept += load_sweep(path)
+        except (OSError, ValueError) as e:
+            raise UserError(f"Triton sweep {path}: {e}") from None
+    shapes = predicted_triton_shapes(swept, arch, dtype)
     if not shapes:
-        raise UserError(f"Triton sweep {path} has no host-bound, memory-bound shape on "
-                        f"{arch}/{dtype}")
+        raise UserError(f"Triton sweeps {', '.join(paths)} have no host-bound, memory-bound "
+                        f"shape on {arch}/{dtype}")
     return TritonTable.from_sweep(shapes)
 
 
@@ -464,9 +467,10 @@ def register(subparsers) -> None:
     p.add_argument("--exact-margin", type=float, default=EXACT_MARGIN,
                    help="a recorded problem gets CuteDSL only if its best measured config beat "
                    f"cuBLAS by this fraction (default {EXACT_MARGIN})")
-    p.add_argument("--triton-sweep", help="Inductor's Triton mm timings "
-                   "(scripts/triton_mm_sweep.py): add the Triton configs predicted mode gives "
-                   "host-bound, memory-bound mm")
+    p.add_argument("--triton-sweep", nargs="+", metavar="JSONL",
+                   help="Inductor's Triton mm timings (scripts/triton_mm_sweep.py, or "
+                   "triton_mm.jsonl in a reduced-mode feedback folder): add the Triton configs "
+                   "predicted mode gives host-bound, memory-bound mm")
     p.add_argument("--batches", type=_positive_ints, default=[1],
                    help="grid batch values, comma-separated (default 1: bmm uses the cell of "
                    "its per-batch shape)")

@@ -77,6 +77,7 @@ from .heuristics import Heuristics, HeuristicsError, ModelHeuristics, PackagedHe
 from .measure import environment
 from .executor import signature_class
 from .prefetch import KernelPrefetcher
+from .triton_timings import append_row, sweep_row
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ REDUCED_TOP_K = 5
 PRIMARY_ATEN = {"mm": "aten::mm", "addmm": "aten::addmm", "bmm": "aten::bmm"}
 ATEN_KERNELS = ("mm", "addmm", "bmm", "bias_addmm")  # extern names whose timings are cuBLAS
 FEEDBACK_SUITE = "inductor_feedback"
+TRITON_FEEDBACK = "triton_mm.jsonl"  # in the feedback dataset folder: Triton sweep rows
 ENV_VARS = ("CUTETUNE_MODE", "CUTETUNE_TOPK", "CUTETUNE_MODEL", "CUTETUNE_FEEDBACK")
 
 device_arch = launcher.device_arch  # module attribute so tests can stand in for a GPU
@@ -434,13 +436,16 @@ class ChoicesFactory:
 # ---------------------------------------------------------------- feedback
 class FeedbackRecorder:
     """An Inductor feedback saver appending the timings of the nodes cutetune served to a
-    dataset: quack rows with their config, ATen rows as backend "cublas". Timings the
-    autotune cache replays unchanged are not appended twice."""
+    dataset: quack rows with their config, ATen rows as backend "cublas"; and of the
+    host-bound mm it had Inductor benchmark Triton templates for, a Triton sweep row in the
+    dataset folder's TRITON_FEEDBACK file (``triton_timings``), for ``cutetune emit
+    --triton-sweep``. Timings the autotune cache replays unchanged are not appended twice."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self.run_id = uuidlib.uuid4().hex[:12]
         self._seen: set[tuple] | None = None
+        self._triton_seen: set[tuple] = set()
         self._env: dict | None = None
 
     def _load_seen(self) -> set[tuple]:
@@ -483,11 +488,34 @@ class FeedbackRecorder:
             rows.append(row)
         return rows
 
+    def triton_row(self, timings, name, input_nodes) -> dict | None:
+        """The Triton sweep row of a plain mm whose benchmark held Triton templates, or None."""
+        from torch._inductor.select_algorithm import TritonTemplateCaller
+
+        if name != "mm" or not any(isinstance(c, TritonTemplateCaller) for c in timings):
+            return None
+        mat1, mat2 = input_nodes[-2:]
+        try:
+            problem = _node_problem(mat1, mat2, mat1.get_dtype(), device_arch(mat1.get_device()))
+        except ProblemError:
+            return None
+        if self._env is None:
+            self._env = environment()
+        return sweep_row(problem, timings, self._env["device_name"], self._env["torch_version"],
+                         suite=FEEDBACK_SUITE, run_id=self.run_id, timestamp=time.time())
+
     def __call__(self, timings, name, input_nodes, choices, profiler_bench_function,
                  precompile_times=None) -> None:
         """Inductor's FeedbackFunction signature (the same in torch 2.11 and 2.13)."""
         from cutetune.dataset import append
 
+        triton = self.triton_row(timings, name, input_nodes)
+        if triton is not None:
+            key = (triton["m"], triton["n"], triton["k"], triton["majors"],
+                   tuple((c["name"], c["ms"]) for c in triton["choices"]))
+            if key not in self._triton_seen:
+                self._triton_seen.add(key)
+                append_row(self.path / TRITON_FEEDBACK, triton)
         rows = self.rows(timings, name, input_nodes)
         if not rows:
             return
