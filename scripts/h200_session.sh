@@ -31,7 +31,8 @@
 #      a table fitted without Llama-3-8B (predicted-heldout), then compile times at M 1 128
 #   order  (after verify's predicted and reduced steps were as slow as the default's with the
 #      same Triton kernels as the fast modes) the same steps with the modes in another order,
-#      recording whether each Triton kernel runs on Inductor's static launcher
+#      recording whether each Triton kernel ran on Inductor's static launcher (a diagnostic
+#      since removed: all did; the cause was step_ab.py's Dynamo reset, see its session log)
 #   recheck  (next session, after step_ab.py stopped resetting Dynamo between modes) the GPU
 #      tests of host-bound mm, then every mode's steps in one process at M 1 16 128 (predicted
 #      with the shipped Triton table, reduced benchmarking Triton templates), then compile

@@ -49,19 +49,6 @@ def _installation(mode: str, heldout_model: str | None):
     return enable(mode) if mode in ("predicted", "reduced") else contextlib.nullcontext()
 
 
-def _triton_launchers(modules) -> dict:
-    """Per Triton kernel of Inductor's generated modules: whether it is launched by Inductor's
-    static CUDA launcher (less host time per launch than Triton's) and how many launchers it
-    holds. Same kernels can differ here between compiles, and so can host-bound steps."""
-    out = {}
-    for mod in modules:
-        for name, obj in vars(mod).items():
-            if hasattr(obj, "is_statically_launchable") and hasattr(obj, "launchers"):
-                out[name] = {"static": bool(obj.is_statically_launchable()),
-                             "launchers": len(obj.launchers)}
-    return out
-
-
 def _run_and_capture_code(fn, x):
     """``fn(x)`` and the output code Inductor generates meanwhile. Not Inductor's
     ``run_and_get_code``: it resets Dynamo, which throws away the modes compiled before, so
@@ -80,7 +67,6 @@ def _run_and_capture_code(fn, x):
 def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = None) -> dict:
     import torch
     from torch._dynamo.utils import counters
-    from torch._inductor.codecache import PyCodeCache
 
     torch._dynamo.reset()
     torch._dynamo.config.automatic_dynamic_shapes = False  # static shapes, as in bench_e2e
@@ -90,19 +76,17 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
            "modes": list(modes), "rounds": rounds, "workloads": {}}
     for name in workloads:
         module = _workloads(torch)[name]().to("cuda", torch.bfloat16).eval()
-        fns, kernels, compile_s, launchers = {"eager": module}, {}, {}, {}
+        fns, kernels, compile_s = {"eager": module}, {}, {}
         with torch.no_grad():
             for mode in modes:
                 options = ({"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
                            if mode == "max-autotune" else None)
                 fns[mode] = torch.compile(_fresh_step(module), options=options)
-                loaded = len(getattr(PyCodeCache, "modules", ()))
                 t0 = time.perf_counter()
                 with _installation(mode, heldout_model):
                     code = _run_and_capture_code(fns[mode], x)[1]
                 compile_s[mode] = time.perf_counter() - t0
                 kernels[mode] = _kernel_counts("\n".join(code))
-                launchers[mode] = _triton_launchers(getattr(PyCodeCache, "modules", [])[loaded:])
             recompiled = {}  # a graph Dynamo compiles again here runs without cutetune
             for mode, fn in fns.items():
                 graphs = counters["stats"]["unique_graphs"]
@@ -114,7 +98,6 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
                     timed[mode].append(_time_calls(torch, fn, x, repeats=3, warmup_s=0.0))
         res["workloads"][name] = {
             "kernels": kernels,
-            "triton_launchers": launchers,
             "graphs_compiled_when_timed": recompiled,
             "compile_s_in_process": compile_s,  # imports and caches warm: not bench_e2e's
             "step_us": {mode: float(np.median([t["median"] for t in ts])) * 1e3
