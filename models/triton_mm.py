@@ -109,11 +109,6 @@ def _timed(ms: float) -> bool:
     return math.isfinite(ms) and ms > 0
 
 
-def _geomean(xs: Iterable[float]) -> float:
-    xs = list(xs)
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-
 def group_key(majors: str, m: int, n: int) -> tuple[str, int, bool]:
     """The group a shape's pick is fitted in: operand majors, M bucket, wide N."""
     return majors, m_bucket(m), n > NARROW_N
@@ -122,6 +117,8 @@ def group_key(majors: str, m: int, n: int) -> tuple[str, int, bool]:
 def fit(shapes: Iterable[SweepShape]) -> list[TritonPick]:
     """Per group (``group_key``): the config offered for every shape of the group with the
     best geomean of its time over each shape's fastest Triton time."""
+    from cutetune.models.evaluate import geomean  # (scipy: not for compile-time lookups)
+
     groups: dict[tuple[str, int, bool], list[SweepShape]] = {}
     for s in shapes:
         groups.setdefault(group_key(s.majors, s.m, s.n), []).append(s)
@@ -130,11 +127,11 @@ def fit(shapes: Iterable[SweepShape]) -> list[TritonPick]:
         common = set.intersection(*(set(s.triton_ms) for s in group))
         if not common:
             continue
-        score = {c: _geomean(s.triton_ms[c] / min(s.triton_ms.values()) for s in group)
+        score = {c: geomean([s.triton_ms[c] / min(s.triton_ms.values()) for s in group])
                  for c in common}
         best = min(sorted(common), key=score.__getitem__)
         picks.append(TritonPick(majors, bucket, wide, best, score[best],
-                                _geomean(s.triton_ms[best] / s.aten_ms for s in group),
+                                geomean([s.triton_ms[best] / s.aten_ms for s in group]),
                                 len(group)))
     return picks
 
@@ -145,8 +142,7 @@ def holdout(shapes: list[SweepShape], group_of: Callable[[SweepShape], str]) -> 
     (max-autotune's choice)."""
     out = []
     for g in sorted({group_of(s) for s in shapes}):
-        picks = {(p.majors, p.m_bucket, p.wide): p
-                 for p in fit(s for s in shapes if group_of(s) != g)}
+        picks = TritonTable.from_sweep([s for s in shapes if group_of(s) != g]).picks
         for s in (s for s in shapes if group_of(s) == g):
             p = picks.get(group_key(s.majors, s.m, s.n))
             if p is None or p.config not in s.triton_ms:
@@ -160,7 +156,7 @@ def holdout(shapes: list[SweepShape], group_of: Callable[[SweepShape], str]) -> 
 
 
 class TritonTable:
-    """``config(majors, m, n, k)``: Inductor's Triton mm kwargs to use without benchmarking, or
+    """``config(majors, m, n)``: Inductor's Triton mm kwargs to use without benchmarking, or
     None for ATen: the shape's group pick (``fit``) where that beat ATen's GPU time in geomean
     over the group's shapes (the template also costs less host time); a group without
     measurements, ATen."""
@@ -172,7 +168,7 @@ class TritonTable:
     def from_sweep(cls, shapes: list[SweepShape]) -> "TritonTable":
         return cls(fit(shapes))
 
-    def config(self, majors: str, m: int, n: int, k: int) -> dict[str, int] | None:
+    def config(self, majors: str, m: int, n: int) -> dict[str, int] | None:
         p = self.picks.get(group_key(majors, m, n))
         return p.kwargs() if p is not None and p.vs_aten < 1.0 else None
 

@@ -79,11 +79,11 @@ def test_fit_picks_per_bucket_and_width(tmp_path):
 
 def test_table_lookup_by_group(tmp_path):
     table = TritonTable.from_sweep(load_sweep(write(tmp_path / "s", ROWS)))
-    assert table.config("kk", 8, 4096, 4096) == Y  # the group's pick, any M in the bucket
-    assert table.config("kk", 2, 14336, 4096) == Y  # an unmeasured wide N too
-    assert table.config("kk", 1, 512, 4096) == X  # narrow N: its group's pick
-    assert table.config("kk", 64, 4096, 4096) is None  # no measurement at this M bucket
-    assert table.config("kn", 1, 4096, 4096) is None  # nor for these operand majors
+    assert table.config("kk", 8, 4096) == Y  # the group's pick, any M in the bucket
+    assert table.config("kk", 2, 14336) == Y  # an unmeasured wide N too
+    assert table.config("kk", 1, 512) == X  # narrow N: its group's pick
+    assert table.config("kk", 64, 4096) is None  # no measurement at this M bucket
+    assert table.config("kn", 1, 4096) is None  # nor for these operand majors
     again = TritonTable.from_json(json.loads(json.dumps(table.to_json())))
     assert again.picks == table.picks
     with pytest.raises(ValueError, match="config keys"):
@@ -97,7 +97,7 @@ def test_table_skips_a_group_pick_slower_than_aten(tmp_path):
             sweep_row(1, 8192, 4096, 10.0, {"X": 11.0, "Y": 12.0})]
     table = TritonTable.from_sweep(load_sweep(write(tmp_path / "s", rows)))
     assert table.picks["kk", 16, True].vs_aten > 1.0
-    assert table.config("kk", 1, 14336, 4096) is None
+    assert table.config("kk", 1, 14336) is None
 
 
 def test_holdout_scores_each_group_with_picks_fitted_without_it(tmp_path):
@@ -184,7 +184,7 @@ def test_cli_emit_adds_the_triton_table(tmp_path, monkeypatch):
     assert main(["emit", "--model", str(model_file), "--out", str(out),
                  "--triton-sweep", str(sweep)]) == 0
     h = Heuristics.load(out)
-    assert h.triton.config("kk", 1, 4096, 4096) == Y and h.meta["triton_sweep"] == [str(sweep)]
+    assert h.triton.config("kk", 1, 4096) == Y and h.meta["triton_sweep"] == [str(sweep)]
     compute_bound = write(tmp_path / "cb.jsonl", [sweep_row(1024, 4096, 4096, 40.0, {"X": 50.0})])
     assert main(["emit", "--model", str(model_file), "--out", str(out),
                  "--triton-sweep", str(compute_bound)]) == 2

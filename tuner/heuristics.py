@@ -144,8 +144,7 @@ class Heuristics:
         self._check(problem)
         if self.triton is None or problem.batch != 1:
             return None
-        return self.triton.config(problem.a_major + problem.b_major, problem.m, problem.n,
-                                  problem.k)
+        return self.triton.config(problem.a_major + problem.b_major, problem.m, problem.n)
 
     def _check(self, problem: GemmProblem) -> None:
         if problem.arch != self.arch or problem.dtype != self.dtype:

@@ -457,18 +457,26 @@ class FeedbackRecorder:
         return {(pk, b, ck, tm) for s, pk, b, ck, tm in zip(*(t.column(c).to_pylist() for c in (
             "suite", "problem_key", "backend", "config_key", "time_ms"))) if s == FEEDBACK_SUITE}
 
+    def _problem(self, input_nodes) -> GemmProblem | None:
+        """The benchmarked node's GemmProblem (None where quack could not run it), with this
+        recorder's environment read on first use."""
+        mat1, mat2 = input_nodes[-2:]
+        try:
+            problem = _node_problem(mat1, mat2, mat1.get_dtype(), device_arch(mat1.get_device()))
+        except ProblemError:
+            return None
+        if self._env is None:
+            self._env = environment()
+        return problem
+
     def rows(self, timings, name, input_nodes) -> list[dict]:
         served = [c for c in timings if isinstance(c, ExternKernelCaller)
                   and c.choice.name in (launcher.MM_KERNEL, launcher.ADDMM_KERNEL)]
         if name not in PRIMARY_ATEN or not served:
             return []
-        mat1, mat2 = input_nodes[-2:]
-        try:
-            problem = _node_problem(mat1, mat2, mat1.get_dtype(), device_arch(mat1.get_device()))
-        except ProblemError:
+        problem = self._problem(input_nodes)
+        if problem is None:
             return []
-        if self._env is None:
-            self._env = environment()
         base = {**self._env, **problem.to_dict(), "run_id": self.run_id,
                 "timestamp": time.time(), "problem_key": problem.key(), "suite": FEEDBACK_SUITE}
         rows = []
@@ -494,13 +502,9 @@ class FeedbackRecorder:
 
         if name != "mm" or not any(isinstance(c, TritonTemplateCaller) for c in timings):
             return None
-        mat1, mat2 = input_nodes[-2:]
-        try:
-            problem = _node_problem(mat1, mat2, mat1.get_dtype(), device_arch(mat1.get_device()))
-        except ProblemError:
+        problem = self._problem(input_nodes)
+        if problem is None:
             return None
-        if self._env is None:
-            self._env = environment()
         return sweep_row(problem, timings, self._env["device_name"], self._env["torch_version"],
                          suite=FEEDBACK_SUITE, run_id=self.run_id, timestamp=time.time())
 
