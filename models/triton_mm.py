@@ -1,18 +1,24 @@
-"""One Inductor Triton mm config per M range, for the GEMMs cutetune leaves to Inductor.
+"""One Inductor Triton mm config per M range, for the GEMMs cutetune leaves to Inductor, and
+when a graph's such GEMMs should take it.
 
 A GEMM too small to cover a quack launch's host time stays with Inductor; where it is also
-memory-bound, Inductor's Triton mm template runs the step faster than ATen (its launch costs
-less host time, and it takes the pointwise epilogue: data/bench/step_h200.json). Reduced mode
-benchmarks the template's configs; predicted mode may not, so it needs one config chosen in
-advance. The data are Inductor's own timings of ATen and every Triton config it offers per
+memory-bound, Inductor's Triton mm template can run the step faster than ATen: its launch
+costs the host less and it takes the pointwise epilogue (data/bench/step_h200.json). Reduced
+mode benchmarks the template's configs; predicted mode may not, so it needs one config chosen in
+advance. The configs come from Inductor's own timings of every Triton config it offers per
 shape (scripts/triton_mm_sweep.py). Inductor sizes BLOCK_M from next_pow2(M) (at least 16), so
 the configs it offers depend on M only through that bucket: one pick per (operand majors,
 bucket, narrow or wide N), the config with the best geomean over the group's shapes, relative
 to each shape's fastest Triton config. Narrow N (at most NARROW_N) is split off because its
 output has too few column tiles to fill the GPU with the tiles that suit wide N (how the picks
-fare on model families they were not fitted on: scripts/triton_mm_report.py). There are no
-per-shape entries: the group picks are what steps on the H200 were timed with
-(predicted-heldout in data/bench/step_h200_triton.json).
+fare on model families they were not fitted on: scripts/triton_mm_report.py).
+
+Whether to take the pick is a question of the whole step, not of one GEMM. Timed alone,
+L2-cold, the picks run longer on the GPU than ATen on most shapes
+(scripts/triton_mm_retime.py, data/triton_mm/h200_bf16_retimed.jsonl); the step gains only
+while it stays host-bound. ``LaunchCosts`` models a step as taking the longer of its host time
+(launches times their host cost, from step benchmarks) and its GPU time (fitted to the retimed
+shapes), and gives a graph's GEMMs the Triton picks when that makes the step shorter.
 """
 
 from __future__ import annotations
@@ -20,9 +26,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Sequence
+
+from cutetune.space.device import device_for
+from cutetune.space.features import ideal_time_s
+from cutetune.space.problem import GemmProblem
 
 # Inductor's kwargs that name a Triton mm config (the rest follow from dtype and shape).
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_stages", "num_warps")
@@ -47,15 +58,14 @@ class SweepShape:
 
 @dataclass(frozen=True)
 class TritonPick:
-    """A group's config, its geomean time over the group's shapes relative to each shape's
-    fastest Triton config and to ATen (GPU time alone, without the host time it saves)."""
+    """A group's config and its geomean time over the group's shapes relative to each shape's
+    fastest Triton config."""
 
     majors: str
     m_bucket: int
     wide: bool  # N > NARROW_N
     config: ConfigKey
     vs_best_triton: float
-    vs_aten: float
     shapes: int
 
     def kwargs(self) -> dict[str, int]:
@@ -64,14 +74,13 @@ class TritonPick:
     def to_json(self) -> dict:
         return {"majors": self.majors, "m_bucket": self.m_bucket, "wide": self.wide,
                 "config": self.kwargs(),
-                "vs_best_triton": self.vs_best_triton, "vs_aten": self.vs_aten,
-                "shapes": self.shapes}
+                "vs_best_triton": self.vs_best_triton, "shapes": self.shapes}
 
     @classmethod
     def from_json(cls, d: Mapping) -> "TritonPick":
         return cls(str(d["majors"]), int(d["m_bucket"]), bool(d["wide"]),
                    tuple(int(d["config"][k]) for k in CONFIG_KEYS), float(d["vs_best_triton"]),
-                   float(d["vs_aten"]), int(d["shapes"]))
+                   int(d["shapes"]))
 
 
 def m_bucket(m: int) -> int:
@@ -79,30 +88,38 @@ def m_bucket(m: int) -> int:
     return max(16, 1 << (max(m, 1) - 1).bit_length())
 
 
-def load_sweep(path: str | os.PathLike) -> list[SweepShape]:
-    """The shapes of a sweep file (JSON lines) that have an ATen time and Triton times; rows
-    that recorded an error are skipped. ValueError names the file and line of a corrupt row."""
-    shapes = []
+def _read_rows(path: str | os.PathLike, what: str, parse: Callable[[dict], object]) -> list:
+    """``parse(row)`` of each JSON line of ``path`` that recorded no error, where it returns
+    something. ValueError names the file and line of a corrupt row."""
+    out = []
     p = Path(path)
     for i, line in enumerate(p.read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-            if "error" in row:
-                continue
-            aten = [c["ms"] for c in row["choices"] if c["kind"] == "aten"]
-            triton = {tuple(int(c["config"][k]) for k in CONFIG_KEYS): float(c["ms"])
-                      for c in row["choices"] if c["kind"] == "triton"
-                      and all(k in c.get("config", {}) for k in CONFIG_KEYS)}
-            shape = SweepShape(int(row["m"]), int(row["n"]), int(row["k"]), str(row["majors"]),
-                               float(min(aten)), {c: t for c, t in triton.items() if _timed(t)},
-                               str(row["dtype"]), str(row["device"]))
+            item = None if "error" in row else parse(row)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"corrupt Triton sweep row {p}:{i}: {type(e).__name__}: {e}") from None
-        if shape.triton_ms and _timed(shape.aten_ms):  # a failed choice's time is inf
-            shapes.append(shape)
-    return shapes
+            raise ValueError(f"corrupt {what} row {p}:{i}: {type(e).__name__}: {e}") from None
+        if item is not None:
+            out.append(item)
+    return out
+
+
+def load_sweep(path: str | os.PathLike) -> list[SweepShape]:
+    """The shapes of a sweep file (JSON lines) that have an ATen time and Triton times; rows
+    that recorded an error are skipped. ValueError names the file and line of a corrupt row."""
+    def parse(row: dict) -> SweepShape | None:
+        aten = [c["ms"] for c in row["choices"] if c["kind"] == "aten"]
+        triton = {tuple(int(c["config"][k]) for k in CONFIG_KEYS): float(c["ms"])
+                  for c in row["choices"] if c["kind"] == "triton"
+                  and all(k in c.get("config", {}) for k in CONFIG_KEYS)}
+        shape = SweepShape(int(row["m"]), int(row["n"]), int(row["k"]), str(row["majors"]),
+                           float(min(aten)), {c: t for c, t in triton.items() if _timed(t)},
+                           str(row["dtype"]), str(row["device"]))
+        return shape if shape.triton_ms and _timed(shape.aten_ms) else None  # failed: inf
+
+    return _read_rows(path, "Triton sweep", parse)
 
 
 def _timed(ms: float) -> bool:
@@ -130,16 +147,14 @@ def fit(shapes: Iterable[SweepShape]) -> list[TritonPick]:
         score = {c: geomean([s.triton_ms[c] / min(s.triton_ms.values()) for s in group])
                  for c in common}
         best = min(sorted(common), key=score.__getitem__)
-        picks.append(TritonPick(majors, bucket, wide, best, score[best],
-                                geomean([s.triton_ms[best] / s.aten_ms for s in group]),
-                                len(group)))
+        picks.append(TritonPick(majors, bucket, wide, best, score[best], len(group)))
     return picks
 
 
 def holdout(shapes: list[SweepShape], group_of: Callable[[SweepShape], str]) -> list[dict]:
     """Each shape timed with the pick fitted without its group (e.g. its model family): its
-    pick's time relative to its fastest Triton config, to ATen, and to the fastest of all
-    (max-autotune's choice)."""
+    pick's time relative to its fastest Triton config, by the sweep's timings (which of
+    Inductor's configs to take; ATen's sweep times are not compared: see the module doc)."""
     out = []
     for g in sorted({group_of(s) for s in shapes}):
         picks = TritonTable.from_sweep([s for s in shapes if group_of(s) != g]).picks
@@ -147,34 +162,160 @@ def holdout(shapes: list[SweepShape], group_of: Callable[[SweepShape], str]) -> 
             p = picks.get(group_key(s.majors, s.m, s.n))
             if p is None or p.config not in s.triton_ms:
                 continue
-            t = s.triton_ms[p.config]
-            best_triton = min(s.triton_ms.values())
             out.append({"group": g, "m": s.m, "n": s.n, "k": s.k, "majors": s.majors,
-                        "config": p.kwargs(), "vs_best_triton": t / best_triton,
-                        "vs_aten": t / s.aten_ms, "vs_best": t / min(best_triton, s.aten_ms)})
+                        "config": p.kwargs(),
+                        "vs_best_triton": s.triton_ms[p.config] / min(s.triton_ms.values())})
     return out
 
 
-class TritonTable:
-    """``config(majors, m, n)``: Inductor's Triton mm kwargs to use without benchmarking, or
-    None for ATen: the shape's group pick (``fit``) where that beat ATen's GPU time in geomean
-    over the group's shapes (the template also costs less host time); a group without
-    measurements, ATen."""
+@dataclass(frozen=True)
+class RetimedShape:
+    """One shape's GPU times in us, L2-cold (scripts/triton_mm_retime.py): ATen's and its
+    group pick's (``config``)."""
 
-    def __init__(self, picks: Iterable[TritonPick]) -> None:
-        self.picks = {(p.majors, p.m_bucket, p.wide): p for p in picks}
+    problem: GemmProblem
+    config: ConfigKey
+    aten_us: float
+    triton_us: float
+
+
+def load_retimed(path: str | os.PathLike) -> list[RetimedShape]:
+    """The shapes of a retime file (JSON lines) with both ATen and the pick timed; rows that
+    recorded an error are skipped. ValueError names the file and line of a corrupt row."""
+    def parse(row: dict) -> RetimedShape | None:
+        timed = row.get("timed", {})
+        if "aten" not in timed or "pick" not in timed:
+            return None
+        majors = str(row["majors"])
+        return RetimedShape(
+            GemmProblem(int(row["m"]), int(row["n"]), int(row["k"]), 1, str(row["dtype"]),
+                        str(row["dtype"]), majors[0], majors[1],
+                        device_for(str(row["device"])).arch),
+            tuple(int(timed["pick"]["config"][k]) for k in CONFIG_KEYS),
+            float(timed["aten"]["ms"]) * 1e3, float(timed["pick"]["ms"]) * 1e3)
+
+    return _read_rows(path, "retime", parse)
+
+
+def gpu_features(problem: GemmProblem, config: ConfigKey) -> list[float]:
+    """What a memory-bound GEMM's GPU time follows, in us: [1, its time at the device's
+    ceiling, K/1000 over the share of SMs the config's output tiles occupy (the serial K loop
+    of each tile, drawn out where few tiles share the GPU: Inductor's template has no
+    split-K)]. Linear in these, the GPU times of each model family, fitted without it, come
+    within 6 % (ATen) and 16 % (the picks) in root-mean-square log error
+    (``gpu_time_model_heldout_family`` in data/reports/triton_mm_h200_bf16.json)."""
+    device = device_for(problem.arch)
+    tiles = (problem.batch * math.ceil(problem.m / config[0]) * math.ceil(problem.n / config[1]))
+    return [1.0, ideal_time_s(problem, device) * 1e6,
+            problem.k / 1000 / min(1.0, tiles / device.sm_count)]
+
+
+GPU_FEATURES = ("1", "ceiling us", "K/1000 / SM share")
+
+
+@dataclass(frozen=True)
+class LaunchCosts:
+    """A step's time as the longer of its host time and its GPU time, for a graph's
+    host-bound mm run on ATen or on the Triton picks: host time per launch (``step_host_us``)
+    and GPU time per GEMM, coef . ``gpu_features`` and no less than the ceiling's
+    (``fit_launch_costs``)."""
+
+    aten_host_us: float
+    triton_host_us: float
+    aten_coef: tuple[float, ...]
+    triton_coef: tuple[float, ...]
+
+    def gpu_us(self, problem: GemmProblem, config: ConfigKey, triton: bool) -> float:
+        coef = self.triton_coef if triton else self.aten_coef
+        x = gpu_features(problem, config)
+        return max(x[1], sum(c * v for c, v in zip(coef, x)))
+
+    def step_us(self, gemms: Sequence[tuple[GemmProblem, ConfigKey]], triton: bool) -> float:
+        host = (self.triton_host_us if triton else self.aten_host_us) * len(gemms)
+        return max(host, sum(self.gpu_us(p, c, triton) for p, c in gemms))
+
+    def prefers_triton(self, gemms: Sequence[tuple[GemmProblem, ConfigKey]]) -> bool:
+        return bool(gemms) and self.step_us(gemms, True) < self.step_us(gemms, False)
+
+    def to_json(self) -> dict:
+        return {"aten_host_us": self.aten_host_us, "triton_host_us": self.triton_host_us,
+                "aten_coef": list(self.aten_coef), "triton_coef": list(self.triton_coef)}
 
     @classmethod
-    def from_sweep(cls, shapes: list[SweepShape]) -> "TritonTable":
-        return cls(fit(shapes))
+    def from_json(cls, d: Mapping) -> "LaunchCosts":
+        n = len(GPU_FEATURES)
+        coefs = [tuple(float(x) for x in d[k]) for k in ("aten_coef", "triton_coef")]
+        if any(len(c) != n for c in coefs):
+            raise ValueError(f"launch-cost coefficients need {n} values each ({GPU_FEATURES})")
+        return cls(float(d["aten_host_us"]), float(d["triton_host_us"]), *coefs)
+
+
+def fit_launch_costs(retimed: Sequence[RetimedShape], aten_host_us: float,
+                     triton_host_us: float) -> LaunchCosts:
+    """Least squares of GPU time (us, the unit a step sums) on ``gpu_features``, one fit for
+    ATen, one for the picks."""
+    import numpy as np
+
+    if len(retimed) <= len(GPU_FEATURES):
+        raise ValueError(f"{len(retimed)} retimed shapes cannot fit {len(GPU_FEATURES)} "
+                         "coefficients")
+    x = np.array([gpu_features(r.problem, r.config) for r in retimed])
+    coef = [tuple(float(c) for c in np.linalg.lstsq(x, y, rcond=None)[0])
+            for y in (np.array([r.aten_us for r in retimed]),
+                      np.array([r.triton_us for r in retimed]))]
+    return LaunchCosts(aten_host_us, triton_host_us, *coef)
+
+
+def step_host_us(reports: Iterable[Mapping]) -> tuple[float, float]:
+    """(ATen's, a Triton template's) host time per GEMM launch in compiled steps: from step
+    benchmarks (scripts/step_ab.py parts), each workload whose default run put every GEMM on
+    ATen and whose predicted run put every GEMM in a Triton template, its host time divided by
+    its GEMM count; the median of each. The host time includes the step's other launches (an
+    epilogue ATen cannot fuse), so it is what a GEMM costs a step, not a bare launch."""
+    aten, triton = [], []
+    for part in reports:
+        for w in part["workloads"].values():
+            kd, kp = w["kernels"]["default"], w["kernels"]["predicted"]
+            n = kd["aten"]
+            if n and kd["quack"] == kd["triton_template"] == 0 and kp["triton_template"] == n \
+                    and kp["aten"] == kp["quack"] == 0:
+                aten.append(w["host_us"]["default"] / n)
+                triton.append(w["host_us"]["predicted"] / n)
+    if not aten:
+        raise ValueError("no step benchmark ran a workload on ATen alone and on Triton "
+                         "templates alone")
+    return statistics.median(aten), statistics.median(triton)
+
+
+class TritonTable:
+    """``config(majors, m, n)``: the shape's group pick (``fit``) as Inductor's Triton mm
+    kwargs, or None for a group without measurements; ``prefers_triton(gemms)``: whether a
+    graph's host-bound mm with those picks should take them (``LaunchCosts``; never without
+    launch costs)."""
+
+    def __init__(self, picks: Iterable[TritonPick], costs: LaunchCosts | None = None) -> None:
+        self.picks = {(p.majors, p.m_bucket, p.wide): p for p in picks}
+        self.costs = costs
+
+    @classmethod
+    def from_sweep(cls, shapes: list[SweepShape], costs: LaunchCosts | None = None
+                   ) -> "TritonTable":
+        return cls(fit(shapes), costs)
 
     def config(self, majors: str, m: int, n: int) -> dict[str, int] | None:
         p = self.picks.get(group_key(majors, m, n))
-        return p.kwargs() if p is not None and p.vs_aten < 1.0 else None
+        return p.kwargs() if p is not None else None
+
+    def prefers_triton(self, gemms: Sequence[tuple[GemmProblem, Mapping[str, int]]]) -> bool:
+        if self.costs is None:
+            return False
+        return self.costs.prefers_triton([(p, tuple(c[k] for k in CONFIG_KEYS))
+                                          for p, c in gemms])
 
     def to_json(self) -> dict:
         return {"config_keys": list(CONFIG_KEYS),
-                "picks": [p.to_json() for p in self.picks.values()]}
+                "picks": [p.to_json() for p in self.picks.values()],
+                **({"launch_costs": self.costs.to_json()} if self.costs else {})}
 
     @classmethod
     def from_json(cls, d: Mapping) -> "TritonTable":
@@ -183,6 +324,7 @@ class TritonTable:
             if tuple(d["config_keys"]) != CONFIG_KEYS:
                 raise ValueError(f"Triton config keys {d['config_keys']} differ from "
                                  f"{list(CONFIG_KEYS)}")
-            return cls([TritonPick.from_json(p) for p in d["picks"]])
+            costs = LaunchCosts.from_json(d["launch_costs"]) if "launch_costs" in d else None
+            return cls([TritonPick.from_json(p) for p in d["picks"]], costs)
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed Triton table: {type(e).__name__}: {e}") from None

@@ -612,6 +612,23 @@ def run_cpu(args) -> dict:
             "reduced_quack_candidates": len(d["reduced"].configs),
             "reduced_triton_templates": d["reduced"].triton,  # host- and memory-bound mm
             "reason": d["predicted"].reason}
+    # Triton configs go to a graph's mm only if its step gains, all together
+    # (CuteTuneChoices.graph_takes_triton): the benchmark's two graphs, per M
+    graph_shapes = {"mlp": ((INTER, HIDDEN), (INTER, HIDDEN), (HIDDEN, INTER)),
+                    "attn": ((HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN))}
+    graphs, weigh_us = {}, []
+    for m in MS:
+        for name, shapes in graph_shapes.items():
+            gemms = []
+            for n, k in shapes:
+                p = GemmProblem(m, n, k, b_major="k")
+                config = decide(p, "predicted", h, 1, QUACK_LAUNCH_HOST_US).triton_config
+                if config:
+                    gemms.append((p, dict(config)))
+            t0 = time.perf_counter()
+            takes = h.triton_prefers(gemms)
+            weigh_us.append((time.perf_counter() - t0) * 1e6)
+            graphs[f"{name}_m{m}"] = ("Triton" if takes else "ATen") if gemms else "-"
     return {
         "what": "cutetune heuristics: load and per-node lookup cost at compile time (CPU), and "
                 "the decisions for the torch.compile benchmark's GEMMs",
@@ -627,6 +644,8 @@ def run_cpu(args) -> dict:
         "targets": {"load_ms": 100, "lookup_us": 100},
         "quack_launch_host_us": QUACK_LAUNCH_HOST_US,
         "decisions": decisions,
+        "graph_triton": graphs,  # "-": no mm of the graph has a Triton config
+        "graph_triton_weigh_us": {"median": statistics.median(weigh_us), "max": max(weigh_us)},
     }
 
 

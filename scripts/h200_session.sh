@@ -33,10 +33,12 @@
 #      same Triton kernels as the fast modes) the same steps with the modes in another order,
 #      recording whether each Triton kernel ran on Inductor's static launcher (a diagnostic
 #      since removed: all did; the cause was step_ab.py's Dynamo reset, see its session log)
-#   recheck  (next session, after step_ab.py stopped resetting Dynamo between modes) the GPU
-#      tests of host-bound mm, then every mode's steps in one process at M 1 16 128 (predicted
-#      with the shipped Triton table, reduced benchmarking Triton templates), then compile
-#      times at M 1 128 with the shipped table
+#   recheck  (after step_ab.py stopped resetting Dynamo between modes; run again after predicted
+#      mode weighed a graph's Triton configs by launch costs) the GPU tests of host-bound mm,
+#      then every mode's steps in one process at M 1 16 128 (predicted with the shipped Triton
+#      table, reduced benchmarking Triton templates), then compile times at M 1 128
+#   retime  L2-cold GPU times of ATen and the Triton picks on every swept shape predicted mode
+#      asks the table about (scripts/triton_mm_retime.py)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
 # nvidia-smi samples clocks, power and temperature all along. Results are packed into $OUT.
 set -uo pipefail
@@ -165,6 +167,9 @@ print(torch.__version__, 'get_ktc', hasattr(C, 'get_ktc'), \
     done
     bench part_rc --ms 1 128 --modes default max-autotune predicted reduced \
       --warm-for predicted --skip-overhead ;;
+  retime)
+    timeout "$(left 10)" python scripts/triton_mm_retime.py --sweep data/triton_mm/h200_bf16.jsonl \
+      --out "$E2E/h200_bf16_retimed.jsonl" --budget-s "$(left 60)" 2>&1 | tee "$E2E/retime.log" ;;
 esac
 kill "$SMI" 2>/dev/null
 tar -C "$E2E" -czf "$OUT/e2e_$CALL.tgz" .

@@ -4,10 +4,13 @@
 From a Triton sweep (scripts/triton_mm_sweep.py), the shapes predicted mode asks about
 (host-bound and memory-bound: tuner.heuristics.predicted_triton_shapes), each model family
 held out in turn: its shapes get the bucket picks fitted on the other families
-(models.triton_mm.holdout), timed by the sweep's own measurements. Ratios are GPU time as
-Inductor's benchmark measured it, without the host time a Triton launch saves over ATen.
+(models.triton_mm.holdout), timed by the sweep's own measurements against the fastest Triton
+config. With --retimed (scripts/triton_mm_retime.py): the picks' and ATen's L2-cold GPU
+times, how far the sweep's own times of them were off, and how well the launch costs' GPU-time
+model (models.triton_mm.fit_launch_costs) predicts each family when fitted without it.
 
   python scripts/triton_mm_report.py --sweep data/triton_mm/h200_bf16.jsonl \\
+      --retimed data/triton_mm/h200_bf16_retimed.jsonl \\
       --out data/reports/triton_mm_h200_bf16.json \\
       [--heldout-family llama3_8b --heldout-heuristics /tmp/heldout.json]
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -27,21 +31,54 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from triton_mm_sweep import FAMILIES, family_of  # noqa: E402
 
 from cutetune.models.evaluate import geomean  # noqa: E402
-from cutetune.models.triton_mm import TritonTable, fit, holdout, load_sweep, m_bucket  # noqa: E402
+from cutetune.models.triton_mm import (TritonTable, fit, fit_launch_costs, holdout,  # noqa: E402
+                                       load_retimed, load_sweep, m_bucket)
 from cutetune.tuner.heuristics import Heuristics, default_path, predicted_triton_shapes  # noqa: E402
 
 
 def summary(rows: list[dict]) -> dict:
-    return {"shapes": len(rows),
-            **{f"geomean_{k}": geomean([r[k] for r in rows])
-               for k in ("vs_best_triton", "vs_aten", "vs_best")},
-            "worst_vs_best": max(r["vs_best"] for r in rows),
-            "share_within_1.1_of_best": sum(r["vs_best"] <= 1.1 for r in rows) / len(rows)}
+    ratios = [r["vs_best_triton"] for r in rows]
+    return {"shapes": len(rows), "geomean_vs_best_triton": geomean(ratios),
+            "worst_vs_best_triton": max(ratios),
+            "share_within_1.1_of_best_triton": sum(x <= 1.1 for x in ratios) / len(ratios)}
+
+
+def retimed_report(path: str, sweep: list) -> dict:
+    """The retimed picks against ATen, the sweep's times against the retimed ones, and the
+    GPU-time model's error on each family when fitted without it (host costs do not enter)."""
+    retimed = load_retimed(path)
+    swept = {(s.m, s.n, s.k, s.majors): s for s in sweep}
+    key = lambda r: (r.problem.m, r.problem.n, r.problem.k,  # noqa: E731
+                     r.problem.a_major + r.problem.b_major)
+    fam = lambda r: family_of(r.problem.n, r.problem.k)  # noqa: E731
+    errors = {"aten": [], "triton": []}
+    for f in sorted({fam(r) for r in retimed}):
+        costs = fit_launch_costs([r for r in retimed if fam(r) != f], 0.0, 0.0)
+        for r in (r for r in retimed if fam(r) == f):
+            for kind, measured in (("aten", r.aten_us), ("triton", r.triton_us)):
+                errors[kind].append(math.log(costs.gpu_us(r.problem, r.config, kind == "triton")
+                                             / measured))
+    pick_vs_aten = [r.triton_us / r.aten_us for r in retimed]
+    return {"retimed": path, "shapes": len(retimed),
+            "geomean_pick_vs_aten": geomean(pick_vs_aten),
+            "share_pick_faster_than_aten": sum(x < 1 for x in pick_vs_aten) / len(retimed),
+            "sweep_over_retimed_aten": _spread([swept[key(r)].aten_ms * 1e3 / r.aten_us
+                                                for r in retimed]),
+            "sweep_over_retimed_pick": _spread([swept[key(r)].triton_ms[r.config] * 1e3
+                                                / r.triton_us for r in retimed]),
+            "gpu_time_model_heldout_family": {
+                kind: {"rmse_log": math.sqrt(sum(e * e for e in es) / len(es)),
+                       "max_abs_log": max(abs(e) for e in es)} for kind, es in errors.items()}}
+
+
+def _spread(xs: list[float]) -> dict:
+    return {"geomean": geomean(xs), "min": min(xs), "max": max(xs)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sweep", required=True)
+    ap.add_argument("--retimed", help="scripts/triton_mm_retime.py output")
     ap.add_argument("--out", required=True)
     ap.add_argument("--arch", default="sm90")
     ap.add_argument("--dtype", default="bf16")
@@ -58,11 +95,12 @@ def main() -> int:
            "shapes": len(shapes), "families": sorted({group(s) for s in shapes}),
            "picks_all_families": [p.to_json() for p in fit(shapes)],
            "heldout_by_m_bucket": {b: summary(rs) for b, rs in sorted(by_bucket.items())},
-           "heldout_all": summary(rows), "heldout_rows": rows}
+           "heldout_all": summary(rows), "heldout_rows": rows,
+           **({"retimed": retimed_report(args.retimed, shapes)} if args.retimed else {})}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
     print(json.dumps({k: res[k] for k in ("shapes", "families", "heldout_by_m_bucket",
-                                          "heldout_all")}, indent=1))
+                                          "heldout_all", "retimed") if k in res}, indent=1))
     if args.heldout_heuristics:
         if not args.heldout_family:
             raise SystemExit("--heldout-heuristics needs --heldout-family")

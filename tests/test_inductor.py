@@ -466,6 +466,52 @@ def test_predicted_asks_for_the_heuristics_triton_config_alone(fake_gpu, monkeyp
         assert asked == want
 
 
+class GraphTritonHeuristics(TritonHeuristics):
+    """TritonHeuristics answering ``triton_prefers`` with ``prefers``, recording each graph's
+    question (the shapes of its mm that have a Triton config)."""
+
+    def __init__(self, prefers: bool):
+        super().__init__(digest=f"graph-triton-{prefers}")
+        self.prefers, self.graphs = prefers, []
+
+    def triton_prefers(self, gemms):
+        self.graphs.append([(p.m, p.n, p.k, dict(c)) for p, c in gemms])
+        return self.prefers
+
+
+def test_a_graphs_mm_get_triton_templates_only_if_its_step_gains(fake_gpu, monkeypatch):
+    """A graph's host-bound mm are weighed together, once per graph (``triton_prefers``):
+    where the heuristics say ATen runs the step faster, no node asks for the Triton template
+    and every one stays on ATen; reduced mode then benchmarks no Triton list either."""
+    import torch._inductor.utils as iu
+    from torch._inductor.choices import InductorChoices
+    from torch._inductor.kernel.mm import mm_template
+
+    monkeypatch.setattr(iu, "is_big_gpu", lambda *a, **k: True)
+    monkeypatch.setattr(ci, "QUACK_LAUNCH_HOST_US", 48.0)
+    asked, original = [], InductorChoices.get_template_configs
+
+    def stand_in(self, kernel_inputs, templates, op_name, kwarg_overrides=None):
+        asked.append([t.uid for t in templates])
+        externs = [t for t in templates if isinstance(t, sa.ExternKernelChoice)]
+        return original(self, kernel_inputs, externs, op_name, kwarg_overrides)
+
+    monkeypatch.setattr(InductorChoices, "get_template_configs", stand_in)
+    config = TritonHeuristics.CONFIG
+    for mode, prefers, want in (("predicted", True, [[mm_template.uid], ["aten::mm"]] * 2),
+                                ("predicted", False, [["aten::mm"]] * 2),
+                                ("reduced", True, [["aten::mm", mm_template.uid]] * 2),
+                                ("reduced", False, [["aten::mm"]] * 2)):
+        asked.clear()
+        h = GraphTritonHeuristics(prefers)
+        with ci.enable(mode, model=h, prefetch=False):
+            kernels = lower(lambda a, b, c: (a @ b, a @ c), row(16, 1024), row(1024, 1024),
+                            row(1024, 2048))
+        assert h.graphs == [[(16, 1024, 1024, config), (16, 2048, 1024, config)]]
+        assert asked == want
+        assert [name for name, _ in kernels] == ["extern_kernels.mm"] * 2
+
+
 def test_finalize_keeps_only_the_asked_triton_config():
     from types import SimpleNamespace
 

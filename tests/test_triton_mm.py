@@ -7,8 +7,10 @@ import json
 
 import pytest
 
-from cutetune.models.triton_mm import (CONFIG_KEYS, NARROW_N, TritonTable, fit, holdout,
-                                       load_sweep, m_bucket)
+from cutetune.models.triton_mm import (CONFIG_KEYS, NARROW_N, LaunchCosts, RetimedShape,
+                                       TritonTable, fit, fit_launch_costs, gpu_features, holdout,
+                                       load_retimed, load_sweep, m_bucket, step_host_us)
+from cutetune.space.device import device_for
 from cutetune.space.problem import GemmProblem
 from cutetune.tuner import inductor as ci
 from cutetune.tuner.heuristics import Grid, Heuristics, HeuristicsError, predicted_triton_shapes
@@ -73,7 +75,7 @@ def test_fit_picks_per_bucket_and_width(tmp_path):
     # Z failed on one wide shape, so it is not offered for the group; Y's geomean is best
     assert wide.config == key(Y) and wide.shapes == 3
     assert wide.vs_best_triton == pytest.approx((1.0 * 11 / 8 * 1.0) ** (1 / 3))
-    assert narrow.config == key(X) and narrow.vs_aten == pytest.approx((8 / 5 * 7 / 15) ** 0.5)
+    assert narrow.config == key(X) and narrow.shapes == 2
     assert NARROW_N == 2048  # 2048 is narrow, 4096 wide
 
 
@@ -92,12 +94,101 @@ def test_table_lookup_by_group(tmp_path):
         TritonTable.from_json({"config_keys": list(CONFIG_KEYS)})
 
 
-def test_table_skips_a_group_pick_slower_than_aten(tmp_path):
-    rows = [sweep_row(1, 4096, 4096, 10.0, {"X": 12.0, "Y": 13.0}),
-            sweep_row(1, 8192, 4096, 10.0, {"X": 11.0, "Y": 12.0})]
-    table = TritonTable.from_sweep(load_sweep(write(tmp_path / "s", rows)))
-    assert table.picks["kk", 16, True].vs_aten > 1.0
-    assert table.config("kk", 1, 14336) is None
+def problem(m, n, k=4096):
+    return GemmProblem(m, n, k, 1, "bf16", "bf16", "k", "k", "sm90")
+
+
+def test_gpu_features_follow_the_ceiling_and_the_tiles_per_sm():
+    one, ceiling_us, k_per_share = gpu_features(problem(1, 4096), key(Y))
+    assert one == 1.0
+    sm90 = device_for("sm90")
+    assert ceiling_us == pytest.approx((4096 * 4096 + 2 * 4096) * 2
+                                       / sm90.mem_bw_bytes_per_s * 1e6)
+    assert k_per_share == pytest.approx(4.096 / (64 / sm90.sm_count))  # 1 x 64 output tiles
+    assert gpu_features(problem(1, 16384), key(Y))[2] == pytest.approx(4.096)  # all SMs busy
+
+
+# GPU times (us) that a model linear in gpu_features reproduces exactly
+ATEN_COEF, TRITON_COEF = (6.0, 1.1, 0.1), (7.0, 1.2, 0.9)
+
+
+def retimed(shapes):
+    def t(coef, p):
+        return sum(c * x for c, x in zip(coef, gpu_features(p, key(Y))))
+    return [RetimedShape(p, key(Y), t(ATEN_COEF, p), t(TRITON_COEF, p)) for p in shapes]
+
+
+def test_fit_launch_costs_recovers_linear_gpu_times():
+    shapes = [problem(m, n, k) for m in (1, 64) for n in (1024, 4096, 14336) for k in (2048, 8192)]
+    costs = fit_launch_costs(retimed(shapes), 30.0, 20.0)
+    assert costs.aten_coef == pytest.approx(ATEN_COEF) and costs.triton_coef == pytest.approx(
+        TRITON_COEF)
+    assert (costs.aten_host_us, costs.triton_host_us) == (30.0, 20.0)
+    with pytest.raises(ValueError, match="cannot fit"):
+        fit_launch_costs(retimed(shapes[:3]), 30.0, 20.0)
+
+
+def test_launch_costs_take_triton_while_the_step_stays_host_bound():
+    """Triton launches cost the host 20 us instead of 30 but run 10 % longer on the GPU:
+    worth it while the GPU time stays under the host time."""
+    costs = LaunchCosts(30.0, 20.0, (0.0, 1.0, 0.0), (0.0, 1.1, 0.0))
+    small, big = problem(1, 4096), problem(1, 4096, 65536)  # ~7 us and ~112 us at the ceiling
+    assert costs.prefers_triton([(small, key(Y))] * 4)
+    assert not costs.prefers_triton([(big, key(Y))] * 3)
+    assert not costs.prefers_triton([])
+    # a step is the longer of host and GPU time; no GEMM beats the ceiling
+    assert costs.step_us([(small, key(Y))] * 4, True) == pytest.approx(80.0)
+    assert costs.gpu_us(big, key(Y), False) == pytest.approx(gpu_features(big, key(Y))[1])
+    below = LaunchCosts(30.0, 20.0, (-50.0, 1.0, 0.0), (0.0, 1.0, 0.0))
+    assert below.gpu_us(small, key(Y), False) == gpu_features(small, key(Y))[1]
+    assert LaunchCosts.from_json(costs.to_json()) == costs
+    with pytest.raises(ValueError, match="3 values"):
+        LaunchCosts.from_json({**costs.to_json(), "aten_coef": [1.0]})
+
+
+def step_part(workloads):
+    """A scripts/step_ab.py part: workload -> (default kernels, predicted kernels, host us of
+    each)."""
+    def kernels(aten, triton):
+        return {"quack": 0, "aten": aten, "triton_template": triton}
+    return {"workloads": {w: {"kernels": {"default": kernels(*d), "predicted": kernels(*p)},
+                              "host_us": {"default": hd, "predicted": hp}}
+                          for w, (d, p, hd, hp) in workloads.items()}}
+
+
+def test_step_host_us_reads_workloads_all_aten_and_all_triton():
+    parts = [step_part({"attn": ((4, 0), (0, 4), 100.0, 60.0),
+                        "mlp": ((3, 0), (0, 3), 90.0, 66.0)}),
+             step_part({"attn": ((4, 0), (0, 4), 120.0, 80.0),
+                        "mixed": ((3, 0), (1, 2), 1e6, 1e6)})]  # not all Triton: not read
+    assert step_host_us(parts) == (pytest.approx(30.0), pytest.approx(20.0))
+    with pytest.raises(ValueError, match="no step benchmark"):
+        step_host_us([parts[1]["workloads"]["mixed"] and step_part(
+            {"mixed": ((3, 0), (1, 2), 1.0, 1.0)})])
+
+
+def test_load_retimed_skips_errors_and_names_a_corrupt_line(tmp_path):
+    timed = {"aten": {"ms": 0.010}, "pick": {"ms": 0.012, "config": Y},
+             "sweep_best": {"ms": 0.011, "config": X}}
+    ok = {"m": 1, "n": 4096, "k": 4096, "majors": "kk", "dtype": "bf16",
+          "device": "NVIDIA H200", "timed": timed}
+    path = write(tmp_path / "r.jsonl", [ok, {"m": 2, "n": 1, "k": 1, "majors": "kk",
+                                             "error": "RuntimeError: boom"}])
+    (r,) = load_retimed(path)
+    assert r == RetimedShape(problem(1, 4096), key(Y), pytest.approx(10.0), pytest.approx(12.0))
+    bad = write(tmp_path / "bad.jsonl", [ok, {**ok, "timed": {**timed, "pick": {"ms": 1}}}])
+    with pytest.raises(ValueError, match=r"bad.jsonl:2"):
+        load_retimed(bad)
+
+
+def test_table_without_launch_costs_never_prefers_triton(tmp_path):
+    table = TritonTable.from_sweep(load_sweep(write(tmp_path / "s", ROWS)))
+    gemms = [(problem(1, 4096), Y)]
+    assert table.config("kk", 1, 4096) == Y and not table.prefers_triton(gemms)
+    table.costs = LaunchCosts(30.0, 20.0, (0.0, 1.0, 0.0), (0.0, 1.1, 0.0))
+    assert table.prefers_triton(gemms)
+    again = TritonTable.from_json(json.loads(json.dumps(table.to_json())))
+    assert again.costs == table.costs and again.prefers_triton(gemms)
 
 
 def test_holdout_scores_each_group_with_picks_fitted_without_it(tmp_path):
@@ -107,7 +198,6 @@ def test_holdout_scores_each_group_with_picks_fitted_without_it(tmp_path):
     a = [r for r in rows if r["group"] == "a"]
     assert [r["config"] for r in a] == [Y, Y]
     assert a[1]["vs_best_triton"] == pytest.approx(11.0 / 8.0)
-    assert a[0]["vs_aten"] == pytest.approx(10.0 / 20.0)
     assert [r["config"] for r in rows if r["group"] == "b"] == [X]  # a's wide pick
     # b's narrow shapes: group a has no narrow shape, so no pick to score them with
     assert all(r["group"] == "a" or r["n"] > NARROW_N for r in rows)
@@ -190,3 +280,43 @@ def test_cli_emit_adds_the_triton_table(tmp_path, monkeypatch):
                  "--triton-sweep", str(compute_bound)]) == 2
     assert main(["emit", "--model", str(model_file), "--out", str(out),
                  "--triton-sweep", str(tmp_path / "missing.jsonl")]) == 2
+    # launch costs: GPU times from a retime file, host times from step benchmarks
+    shapes = [problem(m, n, k) for m in (1, 64) for n in (1024, 4096, 14336) for k in (2048, 8192)]
+    rt = write(tmp_path / "rt.jsonl", [
+        {"m": r.problem.m, "n": r.problem.n, "k": r.problem.k, "majors": "kk", "dtype": "bf16",
+         "device": "NVIDIA H200", "timed": {"aten": {"ms": r.aten_us / 1e3},
+                                             "pick": {"ms": r.triton_us / 1e3, "config": Y}}}
+        for r in retimed(shapes)])
+    steps = tmp_path / "steps.json"
+    steps.write_text(json.dumps({"parts": [step_part({"attn": ((4, 0), (0, 4), 120.0, 80.0)})]}))
+    costs = ["--triton-retimed", str(rt), "--triton-steps", str(steps)]
+    assert main(["emit", "--model", str(model_file), "--out", str(out),
+                 "--triton-sweep", str(sweep), *costs]) == 0
+    h = Heuristics.load(out)
+    assert h.triton.costs.triton_coef == pytest.approx(TRITON_COEF)
+    assert (h.triton.costs.aten_host_us, h.triton.costs.triton_host_us) == (30.0, 20.0)
+    assert h.triton_prefers([(problem(1, 4096), Y)] * 4) == h.triton.costs.prefers_triton(
+        [(problem(1, 4096), key(Y))] * 4)
+    assert main(["emit", "--model", str(model_file), "--out", str(out),
+                 "--triton-sweep", str(sweep), *costs[:2]]) == 2  # steps missing
+    steps.write_text("{}")
+    assert main(["emit", "--model", str(model_file), "--out", str(out),
+                 "--triton-sweep", str(sweep), *costs]) == 2
+
+
+def test_retime_times_each_shapes_pick_and_the_sweeps_fastest_config_once(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "triton_mm_retime.py"
+    spec = importlib.util.spec_from_file_location("triton_mm_retime", script)
+    retime = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(retime)
+    shapes = load_sweep(write(tmp_path / "s", ROWS))
+    picks = TritonTable.from_sweep(shapes).picks  # wide: Y, narrow: X
+    assert retime.candidates(shapes[0], picks) == {"pick": Y}  # Y was this shape's fastest
+    assert retime.candidates(shapes[1], picks) == {"pick": Y, "sweep_best": X}
+    assert retime.candidates(shapes[1], {}) == {"sweep_best": X}  # no pick for its group
+    forced = retime.ForcedTable(Z)
+    assert forced.triton_config(problem(1, 4096)) == Z and forced.digest != retime.ForcedTable(
+        X).digest

@@ -11,7 +11,8 @@ effects change with ratios, not differences).
 
 A file may also hold a Triton table (``--triton-sweep``): the Inductor Triton mm config that
 predicted mode gives, without benchmarking, to a host-bound and memory-bound mm, which
-cutetune leaves to Inductor (``models/triton_mm.py``).
+cutetune leaves to Inductor, and the launch costs (``--triton-retimed``, ``--triton-steps``)
+that say whether a graph's such mm should take them (``models/triton_mm.py``).
 
 ``cutetune emit --model PATH --out FILE`` writes it; ``Heuristics.load`` reads it.
 """
@@ -139,12 +140,19 @@ class Heuristics:
         return tuple(self.configs[i] for i in idx), aten
 
     def triton_config(self, problem: GemmProblem) -> dict[str, int] | None:
-        """Inductor's Triton mm kwargs for ``problem`` (a plain mm), or None: ATen, or no
-        Triton table in this file."""
+        """Inductor's Triton mm kwargs for ``problem`` (a plain mm), or None: no pick for its
+        group, or no Triton table in this file."""
         self._check(problem)
         if self.triton is None or problem.batch != 1:
             return None
         return self.triton.config(problem.a_major + problem.b_major, problem.m, problem.n)
+
+    def triton_prefers(self, gemms: list[tuple[GemmProblem, dict[str, int]]]) -> bool:
+        """Whether one graph's host-bound mm (each with its ``triton_config``) run a shorter
+        step on those Triton configs than on ATen; False without launch costs."""
+        for p, _ in gemms:
+            self._check(p)
+        return self.triton is not None and self.triton.prefers_triton(gemms)
 
     def _check(self, problem: GemmProblem) -> None:
         if problem.arch != self.arch or problem.dtype != self.dtype:
@@ -270,6 +278,9 @@ class PackagedHeuristics:
     def triton_config(self, problem: GemmProblem) -> dict[str, int] | None:
         return self._file(problem).triton_config(problem)
 
+    def triton_prefers(self, gemms: list[tuple[GemmProblem, dict[str, int]]]) -> bool:
+        return bool(gemms) and self._file(gemms[0][0]).triton_prefers(gemms)
+
     def _file(self, problem: GemmProblem) -> Heuristics:
         pair = (problem.arch, problem.dtype)
         h = self._loaded.get(pair)
@@ -384,21 +395,40 @@ def predicted_triton_shapes(swept, arch: str, dtype: str) -> list:
     return shapes
 
 
-def _triton_table(paths: list[str], arch: str, dtype: str) -> TritonTable:
+def _triton_table(args) -> TritonTable:
+    """The Triton table from ``--triton-sweep`` files, with launch costs when
+    ``--triton-retimed`` and ``--triton-steps`` files are given."""
     from cutetune.cli import UserError
-    from cutetune.models.triton_mm import load_sweep
+    from cutetune.models.triton_mm import (fit_launch_costs, load_retimed, load_sweep,
+                                           step_host_us)
 
-    swept = []
-    for path in paths:
-        try:
-            swept += load_sweep(path)
-        except (OSError, ValueError) as e:
-            raise UserError(f"Triton sweep {path}: {e}") from None
-    shapes = predicted_triton_shapes(swept, arch, dtype)
+    def read(paths, load, what):
+        out = []
+        for path in paths or ():
+            try:
+                out += load(path)
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise UserError(f"{what} {path}: {type(e).__name__}: {e}") from None
+        return out
+
+    swept = read(args.triton_sweep, load_sweep, "Triton sweep")
+    shapes = predicted_triton_shapes(swept, args.arch, args.dtype)
     if not shapes:
-        raise UserError(f"Triton sweeps {', '.join(paths)} have no host-bound, memory-bound "
-                        f"shape on {arch}/{dtype}")
-    return TritonTable.from_sweep(shapes)
+        raise UserError(f"Triton sweeps {', '.join(args.triton_sweep)} have no host-bound, "
+                        f"memory-bound shape on {args.arch}/{args.dtype}")
+    if bool(args.triton_retimed) != bool(args.triton_steps):
+        raise UserError("launch costs need both --triton-retimed and --triton-steps")
+    costs = None
+    if args.triton_retimed:
+        retimed = [r for r in read(args.triton_retimed, load_retimed, "Triton retime")
+                   if (r.problem.arch, r.problem.dtype) == (args.arch, args.dtype)]
+        steps = read(args.triton_steps, lambda p: json.loads(Path(p).read_text())["parts"],
+                     "step benchmark")
+        try:
+            costs = fit_launch_costs(retimed, *step_host_us(steps))
+        except ValueError as e:
+            raise UserError(f"Triton launch costs: {e}") from None
+    return TritonTable.from_sweep(shapes, costs)
 
 
 def _cmd_emit(args) -> int:
@@ -413,11 +443,12 @@ def _cmd_emit(args) -> int:
     model = load_model(args.model, arch=args.arch, dtype=args.dtype)
     problems, measured = (_recorded(args.dataset, args.arch, args.dtype, args.top_k,
                                     args.exact_margin) if args.dataset else ([], {}))
-    triton = _triton_table(args.triton_sweep, args.arch, args.dtype) if args.triton_sweep else None
+    triton = _triton_table(args) if args.triton_sweep else None
     meta = {"model": str(args.model), "model_digest": _digest(Path(args.model).read_bytes())
             if Path(args.model).is_file() else None,
             "dataset": args.dataset, "exact_margin": args.exact_margin,
-            "triton_sweep": args.triton_sweep, "created": time.time()}
+            "triton_sweep": args.triton_sweep, "triton_retimed": args.triton_retimed,
+            "triton_steps": args.triton_steps, "created": time.time()}
     t0 = time.perf_counter()
     h = build(model, args.arch, args.dtype, args.top_k, grid, problems, meta,
               progress=lambda i, n: print(f"  {i}/{n} cells", flush=True), measured=measured,
@@ -430,7 +461,9 @@ def _cmd_emit(args) -> int:
           f"digest {h.digest} ({time.perf_counter() - t0:.1f} s)")
     if triton is not None:
         print(f"Triton table: {len(triton.picks)} picks, M buckets "
-              f"{sorted({b for _, b, _ in triton.picks})}")
+              f"{sorted({b for _, b, _ in triton.picks})}, "
+              + (f"launch costs {triton.costs}" if triton.costs else
+                 "no launch costs: predicted mode keeps such mm on ATen"))
     return 0
 
 
@@ -470,6 +503,11 @@ def register(subparsers) -> None:
                    help="Inductor's Triton mm timings (scripts/triton_mm_sweep.py, or "
                    "triton_mm.jsonl in a reduced-mode feedback folder): add the Triton configs "
                    "predicted mode gives host-bound, memory-bound mm")
+    p.add_argument("--triton-retimed", nargs="+", metavar="JSONL",
+                   help="L2-cold GPU times of ATen and the picks (scripts/triton_mm_retime.py)")
+    p.add_argument("--triton-steps", nargs="+", metavar="JSON",
+                   help="step benchmarks (scripts/step_ab.py --report) whose host times per "
+                   "launch, with --triton-retimed, decide when a graph takes the Triton picks")
     p.add_argument("--batches", type=_positive_ints, default=[1],
                    help="grid batch values, comma-separated (default 1: bmm uses the cell of "
                    "its per-batch shape)")

@@ -22,12 +22,15 @@ keep Inductor's own candidates: ATen alone under default settings. Both modes le
 Inductor the GEMMs too small to cover a quack launch's host time (``QUACK_LAUNCH_HOST_US``)
 unless the graph runs under CUDA graphs: the cost model and Inductor's benchmark time the GPU
 only, and at small M a step without CUDA graphs waits on the host. Where such a plain mm is
-also memory-bound, reduced mode benchmarks Inductor's Triton mm templates beside ATen, as
-max-autotune would, and predicted mode gives it the one Triton config that the heuristics file
-names for it (measured by scripts/triton_mm_sweep.py, fitted by models/triton_mm.py), or ATen
-where the file names none. A Triton launch from generated code costs less host time than ATen's
-extern call, and the template takes the node's pointwise epilogue; on compute-bound GEMMs
-cuBLAS's kernels win (data/bench/step_h200_hostbound.json).
+also memory-bound, predicted mode gives it the one Triton config that the heuristics file
+names for it (measured by scripts/triton_mm_sweep.py, fitted by models/triton_mm.py), and
+reduced mode benchmarks Inductor's Triton mm templates beside ATen, as max-autotune would, but
+only in a graph whose step the heuristics' launch costs say the templates shorten, weighing
+all its such mm together (``graph_takes_triton``); elsewhere they keep ATen. A Triton launch
+from generated code costs less host time than ATen's extern call, and the template takes the
+node's pointwise epilogue, but on the GPU it mostly runs longer than cuBLAS
+(data/triton_mm/h200_bf16_retimed.jsonl), and on compute-bound GEMMs much longer
+(data/bench/step_h200_hostbound.json).
 
 Compile-time decisions come from the heuristics file (``heuristics.py``), not the cost model,
 so lowering stays cheap. The installed choices are part of Inductor's FX-graph cache key
@@ -48,7 +51,7 @@ import sys
 import time
 import uuid as uuidlib
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -150,7 +153,8 @@ def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: in
     default settings) when ``problem`` is the ProblemError saying why quack cannot run it, or
     when even the device's ceiling runs the GEMM in under ``host_bound_us``. Such a GEMM, if
     memory-bound, gets Inductor's Triton templates benchmarked beside ATen in reduced mode, and
-    in predicted mode the heuristics' Triton config where they have one."""
+    in predicted mode the heuristics' Triton config where they have one, unless its graph
+    keeps them on ATen (``CuteTuneChoices.graph_takes_triton``)."""
     if isinstance(problem, ProblemError):
         return NodeDecision((), True, f"unsupported: {problem}", leave=True)
     bound = host_bound(problem, host_bound_us)
@@ -226,10 +230,10 @@ def problem_from_inputs(op_name: str, kernel_inputs, arch: str | None) -> GemmPr
 PREFETCH_TARGETS = (torch.ops.aten.mm.default, torch.ops.aten.bmm.default)
 
 
-def graph_problems(graph: torch.fx.Graph, arch: str | None) -> list[GemmProblem]:
-    """The distinct GemmProblems of a graph's mm/bmm nodes that quack can run, read from their
-    inputs' fake-tensor metadata (the layouts lowering will see, barring a layout Inductor
-    changes, in which case a prefetched kernel goes unused)."""
+def graph_gemms(graph: torch.fx.Graph, arch: str | None) -> list[GemmProblem]:
+    """The GemmProblems of a graph's mm/bmm nodes that quack can run, one per node, read from
+    their inputs' fake-tensor metadata (the layouts lowering will see, barring a layout
+    Inductor changes)."""
     problems = []
     for node in graph.nodes:
         if node.op != "call_function" or node.target not in PREFETCH_TARGETS:
@@ -239,13 +243,17 @@ def graph_problems(graph: torch.fx.Graph, arch: str | None) -> list[GemmProblem]
         if not all(isinstance(t, torch.Tensor) for t in (a, b, out)):
             continue
         try:
-            p = _static_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype, out.dtype,
-                                arch)
+            problems.append(_static_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype,
+                                            out.dtype, arch))
         except ProblemError:
             continue
-        if p not in problems:
-            problems.append(p)
     return problems
+
+
+def graph_problems(graph: torch.fx.Graph, arch: str | None) -> list[GemmProblem]:
+    """The distinct ``graph_gemms`` (a kernel prefetched for a layout Inductor then changes
+    goes unused)."""
+    return list(dict.fromkeys(graph_gemms(graph, arch)))
 
 
 # ---------------------------------------------------------------- the Inductor hook
@@ -263,6 +271,7 @@ class CuteTuneChoices(InductorChoices):
         self.heuristics = _SOURCES[source]
         self.externs = launcher.extern_choices()
         self._prefetched = weakref.WeakSet()  # graphs whose kernels went to the prefetcher
+        self._takes_triton = weakref.WeakKeyDictionary()  # graph -> graph_takes_triton()
         self._keep_only: dict[str, int] | None = None  # see _finalize_template_configs
 
     def uuid(self) -> str:
@@ -288,6 +297,8 @@ class CuteTuneChoices(InductorChoices):
                 or not use_aten_gemm_kernels() or V.graph.cpp_wrapper):
             return super().get_template_configs(*args)
         problem, d = self.decide_node(kernel_inputs, op)
+        if (d.triton or d.triton_config) and not self.graph_takes_triton(problem.arch):
+            d = replace(d, triton=False, triton_config=())  # ATen, Inductor's default
         if d.leave:
             if (d.triton or d.triton_config) and op_name == "mm":
                 return self.host_bound_mm_configs(*args, only=dict(d.triton_config))
@@ -373,6 +384,32 @@ class CuteTuneChoices(InductorChoices):
             if all(kwargs.get(k) == v for k, v in only.items()):
                 return [ktc]
         return []
+
+    def graph_takes_triton(self, arch: str) -> bool:
+        """Once per graph: whether its mm that predicted mode would give a Triton config run
+        a shorter step on those configs than on ATen, all together (the heuristics'
+        ``triton_prefers``: a Triton launch saves host time but costs GPU time, which only a
+        host-bound step can spare). Reduced mode benchmarks Inductor's Triton list only where
+        this holds: elsewhere Inductor's benchmark, which times ATen slow (``models/
+        triton_mm.py``), would pick Triton templates that slow the step. A heuristics source
+        without that question: yes."""
+        graph = V.graph
+        takes = self._takes_triton.get(graph)
+        if takes is None:
+            prefers = getattr(self.heuristics, "triton_prefers", None)
+            gemms = []
+            for p in graph_gemms(graph.module.graph, arch):
+                d = decide(p, "predicted", self.heuristics, 1, host_bound_us())
+                if d.triton_config:
+                    gemms.append((p, dict(d.triton_config)))
+            try:
+                takes = prefers is None or bool(prefers(gemms))
+            except HeuristicsError:
+                takes = False
+            self._takes_triton[graph] = takes
+            log.info("cutetune %s: %d mm of this graph have Triton configs: %s", self.mode,
+                     len(gemms), "Triton" if takes else "ATen runs the step faster")
+        return takes
 
     def prefetch_graph(self, arch: str) -> None:
         """Once per graph: send the top-k kernels of all its mm/bmm nodes to the prefetcher.

@@ -140,14 +140,17 @@ def _buffers(problem: GemmProblem) -> ProblemBuffers:
     return buf
 
 
-def _time(fn, buf: ProblemBuffers, policy: TimingPolicy) -> tuple[list[float], float]:
-    """Check numerics on set 0, then time launches over rotating sets. Returns (times, rel_err)."""
+def time_launches(fn, buf: ProblemBuffers, policy: TimingPolicy) -> tuple[list[float], float]:
+    """Check numerics on set 0, then time launches over rotating sets. ``fn(a, b, d)`` writes
+    the product into ``d`` or returns it (a compiled graph allocates its own output). Returns
+    (times in ms, sorted; relative error)."""
     import torch
 
     a, b, d = buf.sets[0]
     d.fill_(float("nan"))
-    fn(a, b, d)
-    err = torch.linalg.vector_norm(d.float() - buf.ref) / buf.ref_norm
+    res = fn(a, b, d)
+    got = d if res is None else res
+    err = torch.linalg.vector_norm(got.float() - buf.ref) / buf.ref_norm
     # Warm-up doubles as the estimate of kernel time (sets the repeats) and of host launch
     # time (sets how long the GPU sleeps while the host enqueues the timed launches).
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -186,7 +189,7 @@ def _measure_one(task: MeasureTask, backend: str, config, fn, buf) -> dict:
     import torch
 
     try:
-        times, err = _time(fn, buf, task.policy)
+        times, err = time_launches(fn, buf, task.policy)
     except Exception as e:  # a config that raises is a data point, not the end of the run
         torch.cuda.synchronize()
         return _row(task, backend, config, status="runtime_error", error=f"{type(e).__name__}: {e}"[:1000])
