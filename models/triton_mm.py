@@ -44,13 +44,14 @@ NARROW_N = 2048
 
 @dataclass(frozen=True)
 class SweepShape:
-    """One shape's benchmark: ATen's time and each Triton config's, in ms."""
+    """One shape's benchmark: each Triton config's time and ATen's, in ms (None where the
+    benchmark held no ATen choice: reduced mode's, where the launch costs chose Triton)."""
 
     m: int
     n: int
     k: int
     majors: str  # a_major + b_major: "kk" for nn.Linear (x @ W.t())
-    aten_ms: float
+    aten_ms: float | None
     triton_ms: Mapping[ConfigKey, float]
     dtype: str = "bf16"
     device: str = "H200"
@@ -107,17 +108,20 @@ def _read_rows(path: str | os.PathLike, what: str, parse: Callable[[dict], objec
 
 
 def load_sweep(path: str | os.PathLike) -> list[SweepShape]:
-    """The shapes of a sweep file (JSON lines) that have an ATen time and Triton times; rows
-    that recorded an error are skipped. ValueError names the file and line of a corrupt row."""
+    """The shapes of a sweep file (JSON lines) with Triton times; rows that recorded an
+    error are skipped, and so are choices that failed (their time is inf). ValueError names
+    the file and line of a corrupt row."""
     def parse(row: dict) -> SweepShape | None:
-        aten = [c["ms"] for c in row["choices"] if c["kind"] == "aten"]
+        aten = [float(c["ms"]) for c in row["choices"] if c["kind"] == "aten"
+                and _timed(float(c["ms"]))]
         triton = {tuple(int(c["config"][k]) for k in CONFIG_KEYS): float(c["ms"])
                   for c in row["choices"] if c["kind"] == "triton"
                   and all(k in c.get("config", {}) for k in CONFIG_KEYS)}
         shape = SweepShape(int(row["m"]), int(row["n"]), int(row["k"]), str(row["majors"]),
-                           float(min(aten)), {c: t for c, t in triton.items() if _timed(t)},
+                           min(aten, default=None),
+                           {c: t for c, t in triton.items() if _timed(t)},
                            str(row["dtype"]), str(row["device"]))
-        return shape if shape.triton_ms and _timed(shape.aten_ms) else None  # failed: inf
+        return shape if shape.triton_ms else None
 
     return _read_rows(path, "Triton sweep", parse)
 

@@ -63,7 +63,7 @@ def retimed_report(path: str, sweep: list) -> dict:
             "geomean_pick_vs_aten": geomean(pick_vs_aten),
             "share_pick_faster_than_aten": sum(x < 1 for x in pick_vs_aten) / len(retimed),
             "sweep_over_retimed_aten": _spread([swept[key(r)].aten_ms * 1e3 / r.aten_us
-                                                for r in retimed]),
+                                                for r in retimed if swept[key(r)].aten_ms]),
             "sweep_over_retimed_pick": _spread([swept[key(r)].triton_ms[r.config] * 1e3
                                                 / r.triton_us for r in retimed]),
             "gpu_time_model_heldout_family": {

@@ -66,6 +66,11 @@ def test_load_sweep_skips_errors_and_failed_configs(tmp_path):
     bad.write_text(json.dumps(ROWS[0]) + "\n{not json\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:2"):
         load_sweep(bad)
+    # reduced mode's benchmark of a graph the launch costs gave Triton holds no ATen choice
+    triton_only = sweep_row(4, 4096, 4096, 1.0, {"Y": 9.0})
+    triton_only["choices"] = [c for c in triton_only["choices"] if c["kind"] != "aten"]
+    (shape,) = load_sweep(write(tmp_path / "t.jsonl", [triton_only]))
+    assert shape.aten_ms is None and shape.triton_ms == {key(Y): pytest.approx(0.009)}
 
 
 def test_fit_picks_per_bucket_and_width(tmp_path):

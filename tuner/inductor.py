@@ -24,9 +24,9 @@ unless the graph runs under CUDA graphs: the cost model and Inductor's benchmark
 only, and at small M a step without CUDA graphs waits on the host. Where such a plain mm is
 also memory-bound, predicted mode gives it the one Triton config that the heuristics file
 names for it (measured by scripts/triton_mm_sweep.py, fitted by models/triton_mm.py), and
-reduced mode benchmarks Inductor's Triton mm templates beside ATen, as max-autotune would, but
-only in a graph whose step the heuristics' launch costs say the templates shorten, weighing
-all its such mm together (``graph_takes_triton``); elsewhere they keep ATen. A Triton launch
+reduced mode benchmarks Inductor's Triton mm templates, but only in a graph whose step the
+heuristics' launch costs say the templates shorten, weighing all its such mm together
+(``graph_takes_triton``); elsewhere they keep ATen. A Triton launch
 from generated code costs less host time than ATen's extern call, and the template takes the
 node's pointwise epilogue, but on the GPU it mostly runs longer than cuBLAS
 (data/triton_mm/h200_bf16_retimed.jsonl), and on compute-bound GEMMs much longer
@@ -297,11 +297,15 @@ class CuteTuneChoices(InductorChoices):
                 or not use_aten_gemm_kernels() or V.graph.cpp_wrapper):
             return super().get_template_configs(*args)
         problem, d = self.decide_node(kernel_inputs, op)
-        if (d.triton or d.triton_config) and not self.graph_takes_triton(problem.arch):
-            d = replace(d, triton=False, triton_config=())  # ATen, Inductor's default
+        takes_triton = None
+        if d.triton or d.triton_config:
+            takes_triton = self.graph_takes_triton(problem.arch)
+            if takes_triton is False:
+                d = replace(d, triton=False, triton_config=())  # ATen, Inductor's default
         if d.leave:
             if (d.triton or d.triton_config) and op_name == "mm":
-                return self.host_bound_mm_configs(*args, only=dict(d.triton_config))
+                return self.host_bound_mm_configs(*args, only=dict(d.triton_config),
+                                                  with_aten=takes_triton is None)
             return super().get_template_configs(*args)
         externs = [t for t in templates if isinstance(t, ExternKernelChoice)]
         if not externs:
@@ -337,13 +341,15 @@ class CuteTuneChoices(InductorChoices):
         return choices
 
     def host_bound_mm_configs(self, kernel_inputs, templates, op_name, kwarg_overrides,
-                              only: dict[str, int]):
-        """A host-bound and memory-bound plain mm. Reduced mode (``only`` empty): ATen and
-        Inductor's Triton mm template configs, benchmarked, as max-autotune offers them.
+                              only: dict[str, int], with_aten: bool):
+        """A host-bound and memory-bound plain mm. Reduced mode (``only`` empty): Inductor's
+        Triton mm template configs, benchmarked, with ATen beside them only ``with_aten``
+        (when the heuristics cannot weigh the graph: where they can and chose the templates,
+        a benchmark of GPU time alone would often pick ATen, which the step cannot afford).
         Predicted mode: the one Triton config whose kwargs match ``only``, alone, so it is not
-        benchmarked (ATen alone where Inductor does not offer that config). Either way the
-        configs come from max-autotune's list with its fixed layouts (``max_autotune_gemm``
-        holds while they are generated). Under max-autotune, or where Inductor's Triton
+        benchmarked. Either way the configs come from max-autotune's list with its fixed
+        layouts (``max_autotune_gemm`` holds while they are generated), and where Inductor
+        offers none of them ATen stands alone. Under max-autotune, or where Inductor's Triton
         templates do not apply (dtype, a small GPU), Inductor's own list stands."""
         from torch._inductor.kernel.mm import mm_template
         from torch._inductor.utils import use_triton_template
@@ -354,7 +360,7 @@ class CuteTuneChoices(InductorChoices):
                 or not use_triton_template(kernel_inputs.output_layout(),
                                            check_max_autotune=False)):
             return super().get_template_configs(*args)
-        offered = [mm_template] if only else [*templates, mm_template]
+        offered = [*templates, mm_template] if with_aten and not only else [mm_template]
         self._keep_only = only or None
         try:
             with inductor_config.patch(max_autotune_gemm=True):
@@ -362,12 +368,13 @@ class CuteTuneChoices(InductorChoices):
                                                        kwarg_overrides)
         finally:
             self._keep_only = None
-        if only and not choices:
-            log.info("cutetune %s mm: Inductor does not offer Triton config %s here; ATen",
-                     self.mode, only)
+        if not choices:
+            log.info("cutetune %s mm: Inductor offers no Triton config %s here; ATen",
+                     self.mode, only or "")
             return super().get_template_configs(*args)
         log.info("cutetune %s mm: host-bound, %s", self.mode,
-                 f"Triton config {only}" if only else "ATen and Triton templates benchmarked")
+                 f"Triton config {only}" if only else
+                 f"Triton templates{' and ATen' if with_aten else ''} benchmarked")
         return choices
 
     def _finalize_template_configs(self, template_choices, kernel_inputs, templates, op_name,
@@ -385,17 +392,16 @@ class CuteTuneChoices(InductorChoices):
                 return [ktc]
         return []
 
-    def graph_takes_triton(self, arch: str) -> bool:
+    def graph_takes_triton(self, arch: str) -> bool | None:
         """Once per graph: whether its mm that predicted mode would give a Triton config run
         a shorter step on those configs than on ATen, all together (the heuristics'
         ``triton_prefers``: a Triton launch saves host time but costs GPU time, which only a
         host-bound step can spare). Reduced mode benchmarks Inductor's Triton list only where
-        this holds: elsewhere Inductor's benchmark, which times ATen slow (``models/
-        triton_mm.py``), would pick Triton templates that slow the step. A heuristics source
-        without that question: yes."""
+        this holds, and without ATen: its benchmark times the GPU alone. None where the
+        heuristics source cannot answer (no ``triton_prefers``): predicted mode then takes its
+        configs and reduced mode benchmarks them beside ATen."""
         graph = V.graph
-        takes = self._takes_triton.get(graph)
-        if takes is None:
+        if graph not in self._takes_triton:
             prefers = getattr(self.heuristics, "triton_prefers", None)
             gemms = []
             for p in graph_gemms(graph.module.graph, arch):
@@ -403,13 +409,14 @@ class CuteTuneChoices(InductorChoices):
                 if d.triton_config:
                     gemms.append((p, dict(d.triton_config)))
             try:
-                takes = prefers is None or bool(prefers(gemms))
+                takes = None if prefers is None else bool(prefers(gemms))
             except HeuristicsError:
                 takes = False
             self._takes_triton[graph] = takes
             log.info("cutetune %s: %d mm of this graph have Triton configs: %s", self.mode,
-                     len(gemms), "Triton" if takes else "ATen runs the step faster")
-        return takes
+                     len(gemms), {True: "Triton", False: "ATen runs the step faster",
+                                  None: "not weighed"}[takes])
+        return self._takes_triton[graph]
 
     def prefetch_graph(self, arch: str) -> None:
         """Once per graph: send the top-k kernels of all its mm/bmm nodes to the prefetcher.
