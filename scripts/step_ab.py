@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import (HIDDEN, LIMITS, _kernel_counts, _time_calls, _workloads,  # noqa: E402
                        geomean_check, limit_check)
 
+from cutetune.tuner.measure import launch_host_us  # noqa: E402
+
 MODES = ("default", "max-autotune", "predicted", "reduced")
 
 
@@ -73,7 +75,8 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
     torch.manual_seed(0)
     x = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
     res = {"m": m, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "modes": list(modes), "rounds": rounds, "workloads": {}}
+           "modes": list(modes), "rounds": rounds,
+           "launch_host_us": {"before": launch_host_us()}, "workloads": {}}
     for name in workloads:
         module = _workloads(torch)[name]().to("cuda", torch.bfloat16).eval()
         fns, kernels, compile_s = {"eager": module}, {}, {}
@@ -107,6 +110,7 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
         }
         del module, fns
         torch.cuda.empty_cache()
+    res["launch_host_us"]["after"] = launch_host_us()
     return res
 
 

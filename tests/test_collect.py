@@ -167,3 +167,10 @@ def test_committed_h200_datasets_load_with_the_schema_and_coverage():
              and n == len(enumerate_configs(problems[k].arch, problems[k]))]
     assert len(swept) >= 40
     assert set(quack) <= cublas
+
+
+def test_launch_host_us_is_the_host_time_of_one_mm_launch():
+    from cutetune.tuner.measure import launch_host_us
+
+    us = launch_host_us(device="cpu", calls=20, rounds=3)
+    assert 0.0 < us < 1e5  # a 16x16 mm: microseconds, not zero, not a stalled run

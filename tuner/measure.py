@@ -177,6 +177,30 @@ def time_launches(fn, buf: ProblemBuffers, policy: TimingPolicy) -> tuple[list[f
     return times, float(err)
 
 
+def launch_host_us(device: str = "cuda", calls: int = 200, rounds: int = 5) -> float:
+    """Host time of one ATen mm launch on tiny operands (torch.mm into an out tensor, the call
+    Inductor's extern kernel makes), in us: the median of ``rounds`` batches after a warm-up.
+    The host cost of a compiled step's launches differs between hosts, and between machines
+    of one kind, by more than a decision between ATen and Triton templates allows
+    (README, torch.compile); scripts/step_ab.py records this beside its step times so that
+    those costs can be related to it."""
+    import torch
+
+    a, b = (torch.randn(16, 16, device=device, dtype=torch.bfloat16) for _ in range(2))
+    out = torch.empty(16, 16, device=device, dtype=torch.bfloat16)
+    for _ in range(20):
+        torch.mm(a, b, out=out)
+    batches = []
+    for _ in range(rounds):
+        if device != "cpu":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            torch.mm(a, b, out=out)
+        batches.append((time.perf_counter() - t0) / calls * 1e6)
+    return float(np.median(batches))
+
+
 def _row(task: MeasureTask, backend: str, config: KernelConfig | None, **outcome) -> dict:
     env = {k: v for k, v in _STATE["env"].items() if k not in ("l2_bytes", "host")}
     cfg = config.to_dict() if config else {}
