@@ -42,6 +42,11 @@ ConfigKey = tuple[int, ...]  # values of CONFIG_KEYS, in that order
 NARROW_N = 2048
 
 
+def config_key(kwargs: Mapping[str, int]) -> ConfigKey:
+    """The ConfigKey of Inductor's Triton mm kwargs (KeyError when one is missing)."""
+    return tuple(int(kwargs[k]) for k in CONFIG_KEYS)
+
+
 @dataclass(frozen=True)
 class SweepShape:
     """One shape's benchmark: each Triton config's time and ATen's, in ms (None where the
@@ -80,7 +85,7 @@ class TritonPick:
     @classmethod
     def from_json(cls, d: Mapping) -> "TritonPick":
         return cls(str(d["majors"]), int(d["m_bucket"]), bool(d["wide"]),
-                   tuple(int(d["config"][k]) for k in CONFIG_KEYS), float(d["vs_best_triton"]),
+                   config_key(d["config"]), float(d["vs_best_triton"]),
                    int(d["shapes"]))
 
 
@@ -114,7 +119,7 @@ def load_sweep(path: str | os.PathLike) -> list[SweepShape]:
     def parse(row: dict) -> SweepShape | None:
         aten = [float(c["ms"]) for c in row["choices"] if c["kind"] == "aten"
                 and _timed(float(c["ms"]))]
-        triton = {tuple(int(c["config"][k]) for k in CONFIG_KEYS): float(c["ms"])
+        triton = {config_key(c["config"]): float(c["ms"])
                   for c in row["choices"] if c["kind"] == "triton"
                   and all(k in c.get("config", {}) for k in CONFIG_KEYS)}
         shape = SweepShape(int(row["m"]), int(row["n"]), int(row["k"]), str(row["majors"]),
@@ -195,7 +200,7 @@ def load_retimed(path: str | os.PathLike) -> list[RetimedShape]:
             GemmProblem(int(row["m"]), int(row["n"]), int(row["k"]), 1, str(row["dtype"]),
                         str(row["dtype"]), majors[0], majors[1],
                         device_for(str(row["device"])).arch),
-            tuple(int(timed["pick"]["config"][k]) for k in CONFIG_KEYS),
+            config_key(timed["pick"]["config"]),
             float(timed["aten"]["ms"]) * 1e3, float(timed["pick"]["ms"]) * 1e3)
 
     return _read_rows(path, "retime", parse)
@@ -313,7 +318,7 @@ class TritonTable:
     def prefers_triton(self, gemms: Sequence[tuple[GemmProblem, Mapping[str, int]]]) -> bool:
         if self.costs is None:
             return False
-        return self.costs.prefers_triton([(p, tuple(c[k] for k in CONFIG_KEYS))
+        return self.costs.prefers_triton([(p, config_key(c))
                                           for p, c in gemms])
 
     def to_json(self) -> dict:

@@ -572,7 +572,8 @@ def plot(res: dict, path: Path) -> None:
 def run_cpu(args) -> dict:
     from cutetune.space.problem import GemmProblem
     from cutetune.tuner import heuristics as hz
-    from cutetune.tuner.inductor import QUACK_LAUNCH_HOST_US, REDUCED_TOP_K, decide
+    from cutetune.tuner.inductor import (QUACK_LAUNCH_HOST_US, REDUCED_TOP_K, decide,
+                                         triton_candidates)
 
     if args.heuristics:
         path, source = Path(args.heuristics), "given file"
@@ -619,12 +620,8 @@ def run_cpu(args) -> dict:
     graphs, weigh_us = {}, []
     for m in MS:
         for name, shapes in graph_shapes.items():
-            gemms = []
-            for n, k in shapes:
-                p = GemmProblem(m, n, k, b_major="k")
-                config = decide(p, "predicted", h, 1, QUACK_LAUNCH_HOST_US).triton_config
-                if config:
-                    gemms.append((p, dict(config)))
+            gemms = triton_candidates([GemmProblem(m, n, k, b_major="k") for n, k in shapes], h,
+                                      QUACK_LAUNCH_HOST_US)
             t0 = time.perf_counter()
             takes = h.triton_prefers(gemms)
             weigh_us.append((time.perf_counter() - t0) * 1e6)

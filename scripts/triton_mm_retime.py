@@ -22,18 +22,17 @@ Rows are appended one shape at a time; shapes already in --out are skipped (resu
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import time
 from pathlib import Path
 
 import numpy as np
 
-from cutetune.models.triton_mm import (CONFIG_KEYS, SweepShape, TritonTable, group_key,
-                                       load_sweep)
+from cutetune.models.triton_mm import (CONFIG_KEYS, SweepShape, TritonTable, config_key,
+                                       group_key, load_sweep)
 from cutetune.space.problem import GemmProblem
 from cutetune.tuner.heuristics import predicted_triton_shapes
-from cutetune.tuner.triton_timings import append_row
+from cutetune.tuner.triton_timings import append_row, shapes_in
 
 
 def candidates(shape: SweepShape, picks: dict) -> dict[str, dict[str, int]]:
@@ -127,7 +126,7 @@ def retime_shape(shape: SweepShape, configs: dict[str, dict[str, int]], rounds: 
             "torch": torch.__version__, "method": "L2-cold rotating operands, GPU sleep ahead, "
             f"{rounds} interleaved rounds, median", "timed": timed,
             "sweep_ms": {"aten": shape.aten_ms,
-                         **{name: shape.triton_ms.get(tuple(c[k] for k in CONFIG_KEYS))
+                         **{name: shape.triton_ms.get(config_key(c))
                             for name, c in configs.items()}},
             **({"errors": errors} if errors else {})}
 
@@ -150,10 +149,7 @@ def main() -> int:
     shapes = predicted_triton_shapes([s for p in args.sweep for s in load_sweep(p)],
                                      args.arch, args.dtype)
     picks = TritonTable.from_sweep(shapes).picks
-    done = set()
-    if args.out.exists():
-        done = {(r["m"], r["n"], r["k"], r["majors"])
-                for r in map(json.loads, filter(str.strip, args.out.read_text().splitlines()))}
+    done = shapes_in(args.out)
     todo = [s for s in shapes if (s.m, s.n, s.k, s.majors) not in done]
     print(f"{len(done)} shapes already in {args.out}, {len(todo)} to time", flush=True)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size

@@ -17,13 +17,12 @@ Rows are appended one shape at a time; shapes already in --out are skipped (resu
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from cutetune.space.problem import GemmProblem
 from cutetune.space.suites import LLM_LAYERS
-from cutetune.tuner.triton_timings import append_row, sweep_row
+from cutetune.tuner.triton_timings import append_row, shapes_in, sweep_row
 
 # (N, K) of the Linear layers (out, in features) of each model family swept, in sweep order.
 FAMILIES: dict[str, tuple[tuple[int, int], ...]] = {
@@ -91,12 +90,7 @@ def main() -> int:
                     help="start no new shape after this many seconds")
     args = ap.parse_args()
     t_start = time.perf_counter()
-    done = set()
-    if args.out.exists():
-        for line in args.out.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                done.add((r["m"], r["n"], r["k"], r["majors"]))
+    done = shapes_in(args.out)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     todo = [(m, n, k, mj) for mj in args.majors for f in args.families for n, k in FAMILIES[f]
             for m in args.ms if (m, n, k, mj) not in done]

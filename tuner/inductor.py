@@ -111,8 +111,9 @@ class NodeDecision:
     aten: bool
     reason: str
     leave: bool = False
-    # a host-bound and memory-bound GEMM: in reduced mode Inductor's Triton templates beside
-    # ATen; in predicted mode the one Triton mm config (Inductor's kwargs) the heuristics give it
+    # a host-bound and memory-bound GEMM: in reduced mode Inductor's Triton templates; in
+    # predicted mode the one Triton mm config (Inductor's kwargs) the heuristics give it. Its
+    # graph decides whether it takes them (CuteTuneChoices.graph_takes_triton)
     triton: bool = False
     triton_config: tuple[tuple[str, int], ...] = ()
 
@@ -144,6 +145,18 @@ def _triton_config(heuristics, problem: GemmProblem) -> tuple[tuple[str, int], .
     except HeuristicsError:
         return ()
     return tuple(sorted(config.items())) if config else ()
+
+
+def triton_candidates(problems, heuristics, host_bound_us: float
+                      ) -> list[tuple[GemmProblem, dict[str, int]]]:
+    """The problems (one per node of a graph) predicted mode would give a Triton config, each
+    with it: what ``triton_prefers`` weighs for the graph."""
+    out = []
+    for p in problems:
+        config = decide(p, "predicted", heuristics, 1, host_bound_us).triton_config
+        if config:
+            out.append((p, dict(config)))
+    return out
 
 
 def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: int,
@@ -403,11 +416,8 @@ class CuteTuneChoices(InductorChoices):
         graph = V.graph
         if graph not in self._takes_triton:
             prefers = getattr(self.heuristics, "triton_prefers", None)
-            gemms = []
-            for p in graph_gemms(graph.module.graph, arch):
-                d = decide(p, "predicted", self.heuristics, 1, host_bound_us())
-                if d.triton_config:
-                    gemms.append((p, dict(d.triton_config)))
+            gemms = triton_candidates(graph_gemms(graph.module.graph, arch), self.heuristics,
+                                      host_bound_us())
             try:
                 takes = None if prefers is None else bool(prefers(gemms))
             except HeuristicsError:

@@ -62,3 +62,13 @@ def append_row(path: str | os.PathLike, row: dict) -> None:
         os.write(fd, data)
     finally:
         os.close(fd)
+
+
+def shapes_in(path: str | os.PathLike) -> set[tuple[int, int, int, str]]:
+    """(m, n, k, majors) of every row already in a rows file (none if it does not exist):
+    the shapes a resumed sweep or retime skips."""
+    p = Path(path)
+    if not p.exists():
+        return set()
+    return {(r["m"], r["n"], r["k"], r["majors"])
+            for r in map(json.loads, filter(str.strip, p.read_text().splitlines()))}
