@@ -18,7 +18,8 @@ L2-cold, the picks run longer on the GPU than ATen on most shapes
 (scripts/triton_mm_retime.py, data/triton_mm/h200_bf16_retimed.jsonl); the step gains only
 while it stays host-bound. ``LaunchCosts`` models a step as taking the longer of its host time
 (launches times their host cost, from step benchmarks) and its GPU time (fitted to the retimed
-shapes), and gives a graph's GEMMs the Triton picks when that makes the step shorter.
+shapes), and gives the Triton picks to those of a graph's GEMMs that keep its step nearest
+the best over the spread of host speeds seen.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import json
 import math
 import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -38,6 +39,7 @@ from cutetune.space.problem import GemmProblem
 # Inductor's kwargs that name a Triton mm config (the rest follow from dtype and shape).
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_stages", "num_warps")
 ConfigKey = tuple[int, ...]  # values of CONFIG_KEYS, in that order
+PROBLEM_FIELDS = tuple(f.name for f in fields(GemmProblem))
 # N up to this is "narrow": even 32-wide tiles give at most 64 columns, half an H100/H200's SMs.
 NARROW_N = 2048
 
@@ -225,30 +227,79 @@ GPU_FEATURES = ("1", "ceiling us", "K/1000 / SM share")
 @dataclass(frozen=True)
 class LaunchCosts:
     """A step's time as the longer of its host time and its GPU time, for a graph's
-    host-bound mm run on ATen or on the Triton picks: host time per launch (``step_host_us``)
-    and GPU time per GEMM, coef . ``gpu_features`` and no less than the ceiling's
-    (``fit_launch_costs``)."""
+    host-bound mm run each on ATen or on its Triton pick: host time per launch
+    (``step_host_us``), scaled by how fast the host runs, and GPU time per GEMM: as retimed
+    where ``measured`` holds the shape with that pick, else coef . ``gpu_features`` and no
+    less than the ceiling's (``fit_launch_costs``). The model's error (16 % for the picks)
+    exceeds the GPU time many picks add to ATen's (under 1 % for Llama-3-8B's gate and up
+    projections at M=16, data/triton_mm/h200_bf16_retimed.jsonl), so it decides only shapes
+    that were not measured.
+
+    How fast the host runs is not known when a graph compiles: the same graph's step host time
+    differed by up to 2x between H200 machines and between processes on one (the step files
+    ``step_host_us`` reads). ``host_factors`` is that spread, relative to the median; the
+    choice (``triton_problems``) is the one whose step is nearest the best over the whole
+    spread, in the worst case."""
 
     aten_host_us: float
     triton_host_us: float
     aten_coef: tuple[float, ...]
     triton_coef: tuple[float, ...]
+    host_factors: tuple[float, float] = (1.0, 1.0)
+    measured: tuple[RetimedShape, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_measured", {(r.problem, r.config): (r.aten_us, r.triton_us)
+                                               for r in self.measured})
 
     def gpu_us(self, problem: GemmProblem, config: ConfigKey, triton: bool) -> float:
+        hit = self._measured.get((problem, config))
+        if hit is not None:
+            return hit[triton]
         coef = self.triton_coef if triton else self.aten_coef
         x = gpu_features(problem, config)
         return max(x[1], sum(c * v for c, v in zip(coef, x)))
 
-    def step_us(self, gemms: Sequence[tuple[GemmProblem, ConfigKey]], triton: bool) -> float:
-        host = (self.triton_host_us if triton else self.aten_host_us) * len(gemms)
-        return max(host, sum(self.gpu_us(p, c, triton) for p, c in gemms))
+    def host_gpu_us(self, gemms: Sequence[tuple[GemmProblem, ConfigKey]],
+                    triton: Sequence[bool]) -> tuple[float, float]:
+        """Host and GPU time of ``gemms``, each on its Triton pick where ``triton`` says so."""
+        host = sum(self.triton_host_us if t else self.aten_host_us for t in triton)
+        return host, sum(self.gpu_us(p, c, t) for (p, c), t in zip(gemms, triton))
 
-    def prefers_triton(self, gemms: Sequence[tuple[GemmProblem, ConfigKey]]) -> bool:
-        return bool(gemms) and self.step_us(gemms, True) < self.step_us(gemms, False)
+    def step_us(self, gemms: Sequence[tuple[GemmProblem, ConfigKey]], triton: Sequence[bool],
+                host_factor: float = 1.0) -> float:
+        host, gpu = self.host_gpu_us(gemms, triton)
+        return max(host * host_factor, gpu)
+
+    def triton_problems(self, gemms: Sequence[tuple[GemmProblem, ConfigKey]]
+                        ) -> frozenset[GemmProblem]:
+        """The problems among ``gemms`` (one per node; a problem keeps one choice for all its
+        nodes) that should take their Triton pick. Each takes host time off the step and adds
+        GPU time, so the candidates are those taking the problems in order of the GPU time
+        each node adds, none to all; of them, the one with the least worst-case ratio to the
+        best candidate's step over ``host_factors`` (ties: fewer Triton problems)."""
+        if not gemms:
+            return frozenset()
+        penalty: dict[GemmProblem, float] = {}
+        for p, c in gemms:
+            penalty[p] = self.gpu_us(p, c, True) - self.gpu_us(p, c, False)
+        order = sorted(penalty, key=penalty.__getitem__)
+        takers = [frozenset(order[:j]) for j in range(len(order) + 1)]
+        lo, hi = self.host_factors
+        factors = [lo * (hi / lo) ** (i / 8) for i in range(9)]
+        sums = [self.host_gpu_us(gemms, [p in s for p, _ in gemms]) for s in takers]
+        steps = [[max(host * f, gpu) for f in factors] for host, gpu in sums]
+        best = [min(col) for col in zip(*steps)]
+        regret = [max(t / b for t, b in zip(row, best)) for row in steps]
+        return takers[min(range(len(takers)), key=lambda j: (round(regret[j], 9), j))]
 
     def to_json(self) -> dict:
         return {"aten_host_us": self.aten_host_us, "triton_host_us": self.triton_host_us,
-                "aten_coef": list(self.aten_coef), "triton_coef": list(self.triton_coef)}
+                "aten_coef": list(self.aten_coef), "triton_coef": list(self.triton_coef),
+                "host_factors": list(self.host_factors),
+                "measured": [{**r.problem.to_dict(), "config": list(r.config),
+                              "aten_us": r.aten_us, "triton_us": r.triton_us}
+                             for r in self.measured]}
 
     @classmethod
     def from_json(cls, d: Mapping) -> "LaunchCosts":
@@ -256,13 +307,21 @@ class LaunchCosts:
         coefs = [tuple(float(x) for x in d[k]) for k in ("aten_coef", "triton_coef")]
         if any(len(c) != n for c in coefs):
             raise ValueError(f"launch-cost coefficients need {n} values each ({GPU_FEATURES})")
-        return cls(float(d["aten_host_us"]), float(d["triton_host_us"]), *coefs)
+        lo, hi = (float(x) for x in d["host_factors"])
+        if not 0 < lo <= hi:
+            raise ValueError(f"host factors {d['host_factors']} are not 0 < low <= high")
+        measured = tuple(RetimedShape(GemmProblem(**{f: r[f] for f in PROBLEM_FIELDS}),
+                                      tuple(int(x) for x in r["config"]),
+                                      float(r["aten_us"]), float(r["triton_us"]))
+                         for r in d["measured"])
+        return cls(float(d["aten_host_us"]), float(d["triton_host_us"]), *coefs, (lo, hi),
+                   measured)
 
 
-def fit_launch_costs(retimed: Sequence[RetimedShape], aten_host_us: float,
-                     triton_host_us: float) -> LaunchCosts:
+def fit_launch_costs(retimed: Sequence[RetimedShape], host: "StepHostCosts") -> LaunchCosts:
     """Least squares of GPU time (us, the unit a step sums) on ``gpu_features``, one fit for
-    ATen, one for the picks."""
+    ATen, one for the picks, kept beside the measurements; host costs as ``step_host_us``
+    found them."""
     import numpy as np
 
     if len(retimed) <= len(GPU_FEATURES):
@@ -272,33 +331,49 @@ def fit_launch_costs(retimed: Sequence[RetimedShape], aten_host_us: float,
     coef = [tuple(float(c) for c in np.linalg.lstsq(x, y, rcond=None)[0])
             for y in (np.array([r.aten_us for r in retimed]),
                       np.array([r.triton_us for r in retimed]))]
-    return LaunchCosts(aten_host_us, triton_host_us, *coef)
+    return LaunchCosts(host.aten_us, host.triton_us, *coef, host.factors, tuple(retimed))
 
 
-def step_host_us(reports: Iterable[Mapping]) -> tuple[float, float]:
-    """(ATen's, a Triton template's) host time per GEMM launch in compiled steps: from step
-    benchmarks (scripts/step_ab.py parts), each workload whose default run put every GEMM on
-    ATen and whose predicted run put every GEMM in a Triton template, its host time divided by
-    its GEMM count; the median of each. The host time includes the step's other launches (an
-    epilogue ATen cannot fuse), so it is what a GEMM costs a step, not a bare launch."""
-    aten, triton = [], []
+@dataclass(frozen=True)
+class StepHostCosts:
+    """Host time per GEMM launch in compiled steps (ATen's, a Triton template's), medians,
+    and the spread of the observations around them (lowest and highest ratio to the median
+    of their workload and kind)."""
+
+    aten_us: float
+    triton_us: float
+    factors: tuple[float, float]
+
+
+def step_host_us(reports: Iterable[Mapping]) -> StepHostCosts:
+    """Host costs from step benchmarks (scripts/step_ab.py parts): every compiled mode that
+    ran all of a workload's GEMMs on ATen, or all in Triton templates, gives its host time
+    divided by the GEMM count. The host time includes the step's other launches (an epilogue
+    ATen cannot fuse), so it is what a GEMM costs a step, not a bare launch. The spread is
+    taken per workload and kind, so that a graph with more launches per GEMM does not count
+    as a slower host."""
+    seen: dict[tuple[str, str], list[float]] = {}
     for part in reports:
-        for w in part["workloads"].values():
-            kd, kp = w["kernels"]["default"], w["kernels"]["predicted"]
-            n = kd["aten"]
-            if n and kd["quack"] == kd["triton_template"] == 0 and kp["triton_template"] == n \
-                    and kp["aten"] == kp["quack"] == 0:
-                aten.append(w["host_us"]["default"] / n)
-                triton.append(w["host_us"]["predicted"] / n)
-    if not aten:
-        raise ValueError("no step benchmark ran a workload on ATen alone and on Triton "
+        for name, w in part["workloads"].items():
+            for mode, k in w["kernels"].items():
+                n = k["aten"] + k["triton_template"] + k["quack"]
+                kind = ("aten" if n and k["aten"] == n else
+                        "triton" if n and k["triton_template"] == n else None)
+                if kind:
+                    seen.setdefault((name, kind), []).append(w["host_us"][mode] / n)
+    if not any(kind == "aten" for _, kind in seen) or not any(
+            kind == "triton" for _, kind in seen):
+        raise ValueError("no step benchmark ran a workload on ATen alone and one on Triton "
                          "templates alone")
-    return statistics.median(aten), statistics.median(triton)
+    ratios = [x / statistics.median(xs) for xs in seen.values() for x in xs]
+    return StepHostCosts(*(statistics.median(x for (_, kind), xs in seen.items()
+                                             for x in xs if kind == want)
+                           for want in ("aten", "triton")), (min(ratios), max(ratios)))
 
 
 class TritonTable:
     """``config(majors, m, n)``: the shape's group pick (``fit``) as Inductor's Triton mm
-    kwargs, or None for a group without measurements; ``prefers_triton(gemms)``: whether a
+    kwargs, or None for a group without measurements; ``triton_problems(gemms)``: which of a
     graph's host-bound mm with those picks should take them (``LaunchCosts``; never without
     launch costs)."""
 
@@ -315,11 +390,11 @@ class TritonTable:
         p = self.picks.get(group_key(majors, m, n))
         return p.kwargs() if p is not None else None
 
-    def prefers_triton(self, gemms: Sequence[tuple[GemmProblem, Mapping[str, int]]]) -> bool:
+    def triton_problems(self, gemms: Sequence[tuple[GemmProblem, Mapping[str, int]]]
+                        ) -> frozenset[GemmProblem]:
         if self.costs is None:
-            return False
-        return self.costs.prefers_triton([(p, config_key(c))
-                                          for p, c in gemms])
+            return frozenset()
+        return self.costs.triton_problems([(p, config_key(c)) for p, c in gemms])
 
     def to_json(self) -> dict:
         return {"config_keys": list(CONFIG_KEYS),

@@ -613,8 +613,9 @@ def run_cpu(args) -> dict:
             "reduced_quack_candidates": len(d["reduced"].configs),
             "reduced_triton_templates": d["reduced"].triton,  # host- and memory-bound mm
             "reason": d["predicted"].reason}
-    # Triton configs go to a graph's mm only if its step gains, all together
-    # (CuteTuneChoices.graph_takes_triton): the benchmark's two graphs, per M
+    # Triton configs go to the mm of a graph that its launch costs give them, weighed together
+    # (CuteTuneChoices.graph_triton): the benchmark's two graphs, per M, as the N x K of the mm
+    # that take them (ATen: none do)
     graph_shapes = {"mlp": ((INTER, HIDDEN), (INTER, HIDDEN), (HIDDEN, INTER)),
                     "attn": ((HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN))}
     graphs, weigh_us = {}, []
@@ -623,9 +624,10 @@ def run_cpu(args) -> dict:
             gemms = triton_candidates([GemmProblem(m, n, k, b_major="k") for n, k in shapes], h,
                                       QUACK_LAUNCH_HOST_US)
             t0 = time.perf_counter()
-            takes = h.triton_prefers(gemms)
+            takers = h.triton_problems(gemms)
             weigh_us.append((time.perf_counter() - t0) * 1e6)
-            graphs[f"{name}_m{m}"] = ("Triton" if takes else "ATen") if gemms else "-"
+            graphs[f"{name}_m{m}"] = (sorted({f"{p.n}x{p.k}" for p in takers}) or "ATen"
+                                      if gemms else "-")
     return {
         "what": "cutetune heuristics: load and per-node lookup cost at compile time (CPU), and "
                 "the decisions for the torch.compile benchmark's GEMMs",

@@ -37,6 +37,12 @@
 #      mode weighed a graph's Triton configs by launch costs) the GPU tests of host-bound mm,
 #      then every mode's steps in one process at M 1 16 128 (predicted with the shipped Triton
 #      table, reduced benchmarking Triton templates), then compile times at M 1 128
+#   hostcal  the GPU tests of host-bound mm, then every mode's steps in one process at M 1 16 128
+#      with the host probe (tuner.measure.launch_host_us) beside them: recheck without the
+#      compile benchmark, to relate each host's step host times to its probe
+#   mixed  (after the launch costs gave Triton configs to some of a graph's mm, hedged over
+#      the host speeds seen) hostcal's tests and steps, then compile times of default and
+#      predicted at M 1 128
 #   retime  L2-cold GPU times of ATen and the Triton picks on every swept shape predicted mode
 #      asks the table about (scripts/triton_mm_retime.py)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -55,6 +61,15 @@ bench() {  # bench OUT_NAME EXTRA_ARGS...: every mode (or --modes) at the given 
   local name=$1; shift
   python scripts/bench_e2e.py --modes default max-autotune predicted reduced \
     --warm-for predicted reduced --save-code "$E2E/code" --budget-s "$(left 20)" "$@" --out "$E2E/$name.json" 2>&1 | tee -a "$E2E/e2e.log"
+}
+host_bound_steps() {  # host_bound_steps TAG RESERVE_S: the GPU tests of host-bound mm, then
+  # every mode's steps in one process at M 1 16 128, leaving RESERVE_S of the call for later
+  timeout 150 python -m pytest -m gpu tests/test_inductor.py -k "host_bound" -q \
+    -p no:cacheprovider 2>&1 | tail -n 3 | tee "$E2E/gpu_tests_$CALL.log"
+  for m in 1 16 128; do
+    timeout "$(left "$2")" python scripts/step_ab.py --m "$m" --out "$E2E/ab_$1_m$m.json" \
+      2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
+  done
 }
 case $CALL in
   a)
@@ -159,13 +174,12 @@ print(torch.__version__, 'get_ktc', hasattr(C, 'get_ktc'), \
         --out "$E2E/ab_order_$1_m$2.json" 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
     done ;;
   recheck)
-    timeout 150 python -m pytest -m gpu tests/test_inductor.py -k "host_bound" -q \
-      -p no:cacheprovider 2>&1 | tail -n 3 | tee "$E2E/gpu_tests_recheck.log"
-    for m in 1 16 128; do
-      timeout "$(left 150)" python scripts/step_ab.py --m "$m" --out "$E2E/ab_rc_m$m.json" \
-        2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
-    done
+    host_bound_steps rc 150
     bench part_rc --ms 1 128 --modes default max-autotune predicted reduced \
+      --warm-for predicted --skip-overhead ;;
+  hostcal|mixed)
+    host_bound_steps hc "$([ "$CALL" = hostcal ] && echo 10 || echo 150)"
+    [ "$CALL" = hostcal ] || bench part_mx --ms 1 128 --modes default predicted \
       --warm-for predicted --skip-overhead ;;
   retime)
     timeout "$(left 10)" python scripts/triton_mm_retime.py --sweep data/triton_mm/h200_bf16.jsonl \

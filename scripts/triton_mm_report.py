@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from triton_mm_sweep import FAMILIES, family_of  # noqa: E402
 
 from cutetune.models.evaluate import geomean  # noqa: E402
-from cutetune.models.triton_mm import (TritonTable, fit, fit_launch_costs, holdout,  # noqa: E402
-                                       load_retimed, load_sweep, m_bucket)
+from cutetune.models.triton_mm import (StepHostCosts, TritonTable, fit, fit_launch_costs,  # noqa: E402
+                                       holdout, load_retimed, load_sweep, m_bucket)
 from cutetune.tuner.heuristics import Heuristics, default_path, predicted_triton_shapes  # noqa: E402
 
 
@@ -41,6 +41,9 @@ def summary(rows: list[dict]) -> dict:
     return {"shapes": len(rows), "geomean_vs_best_triton": geomean(ratios),
             "worst_vs_best_triton": max(ratios),
             "share_within_1.1_of_best_triton": sum(x <= 1.1 for x in ratios) / len(ratios)}
+
+
+NO_HOST = StepHostCosts(0.0, 0.0, (1.0, 1.0))  # GPU times only
 
 
 def retimed_report(path: str, sweep: list) -> dict:
@@ -53,7 +56,7 @@ def retimed_report(path: str, sweep: list) -> dict:
     fam = lambda r: family_of(r.problem.n, r.problem.k)  # noqa: E731
     errors = {"aten": [], "triton": []}
     for f in sorted({fam(r) for r in retimed}):
-        costs = fit_launch_costs([r for r in retimed if fam(r) != f], 0.0, 0.0)
+        costs = fit_launch_costs([r for r in retimed if fam(r) != f], NO_HOST)
         for r in (r for r in retimed if fam(r) == f):
             for kind, measured in (("aten", r.aten_us), ("triton", r.triton_us)):
                 errors[kind].append(math.log(costs.gpu_us(r.problem, r.config, kind == "triton")

@@ -467,25 +467,26 @@ def test_predicted_asks_for_the_heuristics_triton_config_alone(fake_gpu, monkeyp
 
 
 class GraphTritonHeuristics(TritonHeuristics):
-    """TritonHeuristics answering ``triton_prefers`` with ``prefers``, recording each graph's
-    question (the shapes of its mm that have a Triton config)."""
+    """TritonHeuristics whose ``triton_problems`` gives the Triton config to the problems with
+    an N in ``takers``, recording each graph's question (the shapes of its mm that have a
+    Triton config)."""
 
-    def __init__(self, prefers: bool):
-        super().__init__(digest=f"graph-triton-{prefers}")
-        self.prefers, self.graphs = prefers, []
+    def __init__(self, takers: tuple[int, ...]):
+        super().__init__(digest=f"graph-triton-{takers}")
+        self.takers, self.graphs = takers, []
 
-    def triton_prefers(self, gemms):
+    def triton_problems(self, gemms):
         self.graphs.append([(p.m, p.n, p.k, dict(c)) for p, c in gemms])
-        return self.prefers
+        return frozenset(p for p, _ in gemms if p.n in self.takers)
 
 
-def test_a_graphs_mm_get_triton_templates_only_if_its_step_gains(fake_gpu, monkeypatch):
-    """A graph's host-bound mm are weighed together, once per graph (``triton_prefers``):
-    where the heuristics say ATen runs the step faster, no node asks for the Triton template
-    and every one stays on ATen, in either mode. Where they say Triton, reduced mode asks for
-    the template's configs without ATen (CPU torch offers none, so ATen is asked next, as on
-    a GPU where Inductor has no Triton config for the node); heuristics that cannot weigh a
-    graph (TritonHeuristics, the test above) get ATen beside them."""
+def test_a_graphs_mm_get_triton_templates_only_where_its_step_gains(fake_gpu, monkeypatch):
+    """A graph's host-bound mm are weighed together, once per graph (``triton_problems``):
+    a node whose problem the heuristics keep on ATen does not ask for the Triton template and
+    stays on ATen, in either mode. A node they give Triton asks for it; in reduced mode for the
+    template's configs without ATen (CPU torch offers none, so ATen is asked next, as on a GPU
+    where Inductor has no Triton config for the node); heuristics that cannot weigh a graph
+    (TritonHeuristics, the test above) get ATen beside them."""
     import torch._inductor.utils as iu
     from torch._inductor.choices import InductorChoices
     from torch._inductor.kernel.mm import mm_template
@@ -501,18 +502,18 @@ def test_a_graphs_mm_get_triton_templates_only_if_its_step_gains(fake_gpu, monke
 
     monkeypatch.setattr(InductorChoices, "get_template_configs", stand_in)
     config = TritonHeuristics.CONFIG
-    for mode, prefers, want in (("predicted", True, [[mm_template.uid], ["aten::mm"]] * 2),
-                                ("predicted", False, [["aten::mm"]] * 2),
-                                ("reduced", True, [[mm_template.uid], ["aten::mm"]] * 2),
-                                ("reduced", False, [["aten::mm"]] * 2)):
-        asked.clear()
-        h = GraphTritonHeuristics(prefers)
-        with ci.enable(mode, model=h, prefetch=False):
-            kernels = lower(lambda a, b, c: (a @ b, a @ c), row(16, 1024), row(1024, 1024),
-                            row(1024, 2048))
-        assert h.graphs == [[(16, 1024, 1024, config), (16, 2048, 1024, config)]]
-        assert asked == want
-        assert [name for name, _ in kernels] == ["extern_kernels.mm"] * 2
+    triton, aten = [[mm_template.uid], ["aten::mm"]], [["aten::mm"]]
+    for mode in ("predicted", "reduced"):
+        for takers, want in (((1024, 2048), triton * 2), ((), aten * 2),
+                             ((2048,), aten + triton)):
+            asked.clear()
+            h = GraphTritonHeuristics(takers)
+            with ci.enable(mode, model=h, prefetch=False):
+                kernels = lower(lambda a, b, c: (a @ b, a @ c), row(16, 1024), row(1024, 1024),
+                                row(1024, 2048))
+            assert h.graphs == [[(16, 1024, 1024, config), (16, 2048, 1024, config)]]
+            assert asked == want, (mode, takers)
+            assert [name for name, _ in kernels] == ["extern_kernels.mm"] * 2
 
 
 def test_finalize_keeps_only_the_asked_triton_config():
@@ -928,7 +929,7 @@ def test_gpu_reduced_benchmarks_triton_templates_for_host_bound_mm():
     from cutetune.tuner.heuristics import PackagedHeuristics
 
     h, p = PackagedHeuristics(), P(16, 1024, 1024)
-    assert h.triton_prefers([(p, h.triton_config(p))])
+    assert h.triton_problems([(p, h.triton_config(p))]) == {p}
     out, ref, _, timed = _compile_host_bound_mm("reduced", lambda a, b: a @ b.t(), 16, 1024,
                                                 1024, transposed_b=True)
     assert "TritonTemplateCaller" in timed and "ExternKernelCaller" not in timed

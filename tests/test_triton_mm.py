@@ -8,8 +8,9 @@ import json
 import pytest
 
 from cutetune.models.triton_mm import (CONFIG_KEYS, NARROW_N, LaunchCosts, RetimedShape,
-                                       TritonTable, fit, fit_launch_costs, gpu_features, holdout,
-                                       load_retimed, load_sweep, m_bucket, step_host_us)
+                                       StepHostCosts, TritonTable, fit, fit_launch_costs,
+                                       gpu_features, holdout, load_retimed, load_sweep, m_bucket,
+                                       step_host_us)
 from cutetune.space.device import device_for
 from cutetune.space.problem import GemmProblem
 from cutetune.tuner import inductor as ci
@@ -125,12 +126,28 @@ def retimed(shapes):
 
 def test_fit_launch_costs_recovers_linear_gpu_times():
     shapes = [problem(m, n, k) for m in (1, 64) for n in (1024, 4096, 14336) for k in (2048, 8192)]
-    costs = fit_launch_costs(retimed(shapes), 30.0, 20.0)
+    host = StepHostCosts(30.0, 20.0, (0.8, 1.5))
+    costs = fit_launch_costs(retimed(shapes), host)
     assert costs.aten_coef == pytest.approx(ATEN_COEF) and costs.triton_coef == pytest.approx(
         TRITON_COEF)
-    assert (costs.aten_host_us, costs.triton_host_us) == (30.0, 20.0)
+    assert (costs.aten_host_us, costs.triton_host_us, costs.host_factors) == (30.0, 20.0,
+                                                                              (0.8, 1.5))
     with pytest.raises(ValueError, match="cannot fit"):
-        fit_launch_costs(retimed(shapes[:3]), 30.0, 20.0)
+        fit_launch_costs(retimed(shapes[:3]), host)
+
+
+def test_launch_costs_take_measured_gpu_times_over_the_model():
+    """A shape retimed with a pick is decided by its measurement; the same shape with another
+    config, or another shape, by the model. The measurements travel with the JSON."""
+    shapes = [problem(m, n, k) for m in (1, 64) for n in (1024, 4096, 14336) for k in (2048, 8192)]
+    off = RetimedShape(problem(16, 4096), key(Y), 11.0, 13.0)  # far from the linear model
+    costs = fit_launch_costs([*retimed(shapes), off], StepHostCosts(30.0, 20.0, (1.0, 1.0)))
+    assert (costs.gpu_us(off.problem, key(Y), False), costs.gpu_us(off.problem, key(Y), True)
+            ) == (11.0, 13.0)
+    assert costs.gpu_us(off.problem, key(X), True) != 13.0
+    assert costs.gpu_us(problem(32, 4096), key(Y), True) != 13.0
+    again = LaunchCosts.from_json(json.loads(json.dumps(costs.to_json())))
+    assert again == costs and again.gpu_us(off.problem, key(Y), True) == 13.0
 
 
 def test_launch_costs_take_triton_while_the_step_stays_host_bound():
@@ -138,38 +155,69 @@ def test_launch_costs_take_triton_while_the_step_stays_host_bound():
     worth it while the GPU time stays under the host time."""
     costs = LaunchCosts(30.0, 20.0, (0.0, 1.0, 0.0), (0.0, 1.1, 0.0))
     small, big = problem(1, 4096), problem(1, 4096, 65536)  # ~7 us and ~112 us at the ceiling
-    assert costs.prefers_triton([(small, key(Y))] * 4)
-    assert not costs.prefers_triton([(big, key(Y))] * 3)
-    assert not costs.prefers_triton([])
+    assert costs.triton_problems([(small, key(Y))] * 4) == {small}
+    assert costs.triton_problems([(big, key(Y))] * 3) == set()
+    assert costs.triton_problems([]) == set()
     # a step is the longer of host and GPU time; no GEMM beats the ceiling
-    assert costs.step_us([(small, key(Y))] * 4, True) == pytest.approx(80.0)
+    assert costs.step_us([(small, key(Y))] * 4, [True] * 4) == pytest.approx(80.0)
+    assert costs.step_us([(small, key(Y))] * 4, [True] * 4, 2.0) == pytest.approx(160.0)
     assert costs.gpu_us(big, key(Y), False) == pytest.approx(gpu_features(big, key(Y))[1])
     below = LaunchCosts(30.0, 20.0, (-50.0, 1.0, 0.0), (0.0, 1.0, 0.0))
     assert below.gpu_us(small, key(Y), False) == gpu_features(small, key(Y))[1]
     assert LaunchCosts.from_json(costs.to_json()) == costs
     with pytest.raises(ValueError, match="3 values"):
         LaunchCosts.from_json({**costs.to_json(), "aten_coef": [1.0]})
+    with pytest.raises(ValueError, match="host factors"):
+        LaunchCosts.from_json({**costs.to_json(), "host_factors": [1.5, 0.8]})
 
 
-def step_part(workloads):
+def test_launch_costs_hedge_over_the_host_speeds_seen():
+    """Two problems, two nodes each (GPU us on ATen/Triton): one that Triton costs no GPU time
+    (30/30), one it costs 6 us more (20/26). On a host of the median speed (30 us of host per
+    ATen launch, 20 per Triton) ATen's step is host-bound at 120 us; Triton for the free one
+    makes it 100 (GPU-bound), for both 112: the free one alone. Where hosts run up to 1.5x
+    slower, that choice can take 150 us where both take 120 (1.25x), while both cost at most
+    1.12x the best on the median host: both."""
+    free, costly = problem(1, 4096), problem(1, 1024)
+    gpu = {free: (30.0, 30.0), costly: (20.0, 26.0)}
+
+    class Fixed(LaunchCosts):
+        def gpu_us(self, p, config, triton):
+            return gpu[p][triton]
+
+    gemms = [(free, key(Y)), (costly, key(Y)), (free, key(Y)), (costly, key(Y))]
+    median_host = Fixed(30.0, 20.0, (0.0,) * 3, (0.0,) * 3)
+    assert median_host.triton_problems(gemms) == {free}
+    slow_hosts = Fixed(30.0, 20.0, (0.0,) * 3, (0.0,) * 3, (1.0, 1.5))
+    assert slow_hosts.triton_problems(gemms) == {free, costly}
+    assert slow_hosts.step_us(gemms, [True, False, True, False], 1.5) == pytest.approx(150.0)
+    # a tie keeps ATen: where the step is GPU-bound either way, no Triton compile
+    gpu[free] = (60.0, 60.0)
+    assert median_host.triton_problems(gemms[::2]) == set()
+
+
+def step_part(workloads, m=1):
     """A scripts/step_ab.py part: workload -> (default kernels, predicted kernels, host us of
     each)."""
     def kernels(aten, triton):
         return {"quack": 0, "aten": aten, "triton_template": triton}
-    return {"workloads": {w: {"kernels": {"default": kernels(*d), "predicted": kernels(*p)},
-                              "host_us": {"default": hd, "predicted": hp}}
-                          for w, (d, p, hd, hp) in workloads.items()}}
+    return {"m": m, "workloads": {
+        w: {"kernels": {"default": kernels(*d), "predicted": kernels(*p)},
+            "host_us": {"default": hd, "predicted": hp}}
+        for w, (d, p, hd, hp) in workloads.items()}}
 
 
 def test_step_host_us_reads_workloads_all_aten_and_all_triton():
     parts = [step_part({"attn": ((4, 0), (0, 4), 100.0, 60.0),
                         "mlp": ((3, 0), (0, 3), 90.0, 66.0)}),
-             step_part({"attn": ((4, 0), (0, 4), 120.0, 80.0),
-                        "mixed": ((3, 0), (1, 2), 1e6, 1e6)})]  # not all Triton: not read
-    assert step_host_us(parts) == (pytest.approx(30.0), pytest.approx(20.0))
+             step_part({"attn": ((4, 0), (0, 4), 140.0, 100.0),
+                        "mixed": ((2, 1), (1, 2), 1e6, 1e6)})]  # neither all ATen nor Triton
+    host = step_host_us(parts)
+    assert (host.aten_us, host.triton_us) == (pytest.approx(30.0), pytest.approx(22.0))
+    # spread per workload and kind: attn's ATen 25 and 35 around 30, its Triton 15 and 25
+    assert host.factors == (pytest.approx(15 / 20), pytest.approx(25 / 20))
     with pytest.raises(ValueError, match="no step benchmark"):
-        step_host_us([parts[1]["workloads"]["mixed"] and step_part(
-            {"mixed": ((3, 0), (1, 2), 1.0, 1.0)})])
+        step_host_us([step_part({"mixed": ((3, 0), (1, 2), 1.0, 1.0)})])
 
 
 def test_load_retimed_skips_errors_and_names_a_corrupt_line(tmp_path):
@@ -186,14 +234,14 @@ def test_load_retimed_skips_errors_and_names_a_corrupt_line(tmp_path):
         load_retimed(bad)
 
 
-def test_table_without_launch_costs_never_prefers_triton(tmp_path):
+def test_table_without_launch_costs_never_gives_triton(tmp_path):
     table = TritonTable.from_sweep(load_sweep(write(tmp_path / "s", ROWS)))
     gemms = [(problem(1, 4096), Y)]
-    assert table.config("kk", 1, 4096) == Y and not table.prefers_triton(gemms)
-    table.costs = LaunchCosts(30.0, 20.0, (0.0, 1.0, 0.0), (0.0, 1.1, 0.0))
-    assert table.prefers_triton(gemms)
+    assert table.config("kk", 1, 4096) == Y and table.triton_problems(gemms) == set()
+    table.costs = LaunchCosts(30.0, 20.0, (0.0, 1.0, 0.0), (0.0, 1.1, 0.0), (0.8, 1.5))
+    assert table.triton_problems(gemms) == {problem(1, 4096)}
     again = TritonTable.from_json(json.loads(json.dumps(table.to_json())))
-    assert again.costs == table.costs and again.prefers_triton(gemms)
+    assert again.costs == table.costs and again.triton_problems(gemms) == {problem(1, 4096)}
 
 
 def test_holdout_scores_each_group_with_picks_fitted_without_it(tmp_path):
@@ -300,8 +348,8 @@ def test_cli_emit_adds_the_triton_table(tmp_path, monkeypatch):
     h = Heuristics.load(out)
     assert h.triton.costs.triton_coef == pytest.approx(TRITON_COEF)
     assert (h.triton.costs.aten_host_us, h.triton.costs.triton_host_us) == (30.0, 20.0)
-    assert h.triton_prefers([(problem(1, 4096), Y)] * 4) == h.triton.costs.prefers_triton(
-        [(problem(1, 4096), key(Y))] * 4)
+    assert h.triton_problems([(problem(1, 4096), Y)] * 4) == h.triton.costs.triton_problems(
+        [(problem(1, 4096), key(Y))] * 4) == {problem(1, 4096)}
     assert main(["emit", "--model", str(model_file), "--out", str(out),
                  "--triton-sweep", str(sweep), *costs[:2]]) == 2  # steps missing
     steps.write_text("{}")

@@ -147,12 +147,13 @@ class Heuristics:
             return None
         return self.triton.config(problem.a_major + problem.b_major, problem.m, problem.n)
 
-    def triton_prefers(self, gemms: list[tuple[GemmProblem, dict[str, int]]]) -> bool:
-        """Whether one graph's host-bound mm (each with its ``triton_config``) run a shorter
-        step on those Triton configs than on ATen; False without launch costs."""
+    def triton_problems(self, gemms: list[tuple[GemmProblem, dict[str, int]]]
+                        ) -> frozenset[GemmProblem]:
+        """Which of one graph's host-bound mm problems (each with its ``triton_config``) take
+        that Triton config (``models.triton_mm.LaunchCosts``); none without launch costs."""
         for p, _ in gemms:
             self._check(p)
-        return self.triton is not None and self.triton.prefers_triton(gemms)
+        return self.triton.triton_problems(gemms) if self.triton is not None else frozenset()
 
     def _check(self, problem: GemmProblem) -> None:
         if problem.arch != self.arch or problem.dtype != self.dtype:
@@ -278,8 +279,9 @@ class PackagedHeuristics:
     def triton_config(self, problem: GemmProblem) -> dict[str, int] | None:
         return self._file(problem).triton_config(problem)
 
-    def triton_prefers(self, gemms: list[tuple[GemmProblem, dict[str, int]]]) -> bool:
-        return bool(gemms) and self._file(gemms[0][0]).triton_prefers(gemms)
+    def triton_problems(self, gemms: list[tuple[GemmProblem, dict[str, int]]]
+                        ) -> frozenset[GemmProblem]:
+        return self._file(gemms[0][0]).triton_problems(gemms) if gemms else frozenset()
 
     def _file(self, problem: GemmProblem) -> Heuristics:
         pair = (problem.arch, problem.dtype)
@@ -425,7 +427,7 @@ def _triton_table(args) -> TritonTable:
         steps = read(args.triton_steps, lambda p: json.loads(Path(p).read_text())["parts"],
                      "step benchmark")
         try:
-            costs = fit_launch_costs(retimed, *step_host_us(steps))
+            costs = fit_launch_costs(retimed, step_host_us(steps))
         except ValueError as e:
             raise UserError(f"Triton launch costs: {e}") from None
     return TritonTable.from_sweep(shapes, costs)

@@ -24,9 +24,9 @@ unless the graph runs under CUDA graphs: the cost model and Inductor's benchmark
 only, and at small M a step without CUDA graphs waits on the host. Where such a plain mm is
 also memory-bound, predicted mode gives it the one Triton config that the heuristics file
 names for it (measured by scripts/triton_mm_sweep.py, fitted by models/triton_mm.py), and
-reduced mode benchmarks Inductor's Triton mm templates, but only in a graph whose step the
-heuristics' launch costs say the templates shorten, weighing all its such mm together
-(``graph_takes_triton``); elsewhere they keep ATen. A Triton launch
+reduced mode benchmarks Inductor's Triton mm templates, but only for the mm that the
+heuristics' launch costs give them, weighing all such mm of a graph together
+(``graph_triton``); the others keep ATen. A Triton launch
 from generated code costs less host time than ATen's extern call, and the template takes the
 node's pointwise epilogue, but on the GPU it mostly runs longer than cuBLAS
 (data/triton_mm/h200_bf16_retimed.jsonl), and on compute-bound GEMMs much longer
@@ -113,7 +113,7 @@ class NodeDecision:
     leave: bool = False
     # a host-bound and memory-bound GEMM: in reduced mode Inductor's Triton templates; in
     # predicted mode the one Triton mm config (Inductor's kwargs) the heuristics give it. Its
-    # graph decides whether it takes them (CuteTuneChoices.graph_takes_triton)
+    # graph decides whether it takes them (CuteTuneChoices.graph_triton)
     triton: bool = False
     triton_config: tuple[tuple[str, int], ...] = ()
 
@@ -150,7 +150,7 @@ def _triton_config(heuristics, problem: GemmProblem) -> tuple[tuple[str, int], .
 def triton_candidates(problems, heuristics, host_bound_us: float
                       ) -> list[tuple[GemmProblem, dict[str, int]]]:
     """The problems (one per node of a graph) predicted mode would give a Triton config, each
-    with it: what ``triton_prefers`` weighs for the graph."""
+    with it: what ``triton_problems`` weighs for the graph."""
     out = []
     for p in problems:
         config = decide(p, "predicted", heuristics, 1, host_bound_us).triton_config
@@ -167,7 +167,7 @@ def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: in
     when even the device's ceiling runs the GEMM in under ``host_bound_us``. Such a GEMM, if
     memory-bound, gets Inductor's Triton templates benchmarked beside ATen in reduced mode, and
     in predicted mode the heuristics' Triton config where they have one, unless its graph
-    keeps them on ATen (``CuteTuneChoices.graph_takes_triton``)."""
+    keeps them on ATen (``CuteTuneChoices.graph_triton``)."""
     if isinstance(problem, ProblemError):
         return NodeDecision((), True, f"unsupported: {problem}", leave=True)
     bound = host_bound(problem, host_bound_us)
@@ -284,7 +284,7 @@ class CuteTuneChoices(InductorChoices):
         self.heuristics = _SOURCES[source]
         self.externs = launcher.extern_choices()
         self._prefetched = weakref.WeakSet()  # graphs whose kernels went to the prefetcher
-        self._takes_triton = weakref.WeakKeyDictionary()  # graph -> graph_takes_triton()
+        self._graph_triton = weakref.WeakKeyDictionary()  # graph -> graph_triton()
         self._keep_only: dict[str, int] | None = None  # see _finalize_template_configs
 
     def uuid(self) -> str:
@@ -312,7 +312,8 @@ class CuteTuneChoices(InductorChoices):
         problem, d = self.decide_node(kernel_inputs, op)
         takes_triton = None
         if d.triton or d.triton_config:
-            takes_triton = self.graph_takes_triton(problem.arch)
+            takers = self.graph_triton(problem.arch)
+            takes_triton = None if takers is None else problem in takers
             if takes_triton is False:
                 d = replace(d, triton=False, triton_config=())  # ATen, Inductor's default
         if d.leave:
@@ -405,28 +406,28 @@ class CuteTuneChoices(InductorChoices):
                 return [ktc]
         return []
 
-    def graph_takes_triton(self, arch: str) -> bool | None:
-        """Once per graph: whether its mm that predicted mode would give a Triton config run
-        a shorter step on those configs than on ATen, all together (the heuristics'
-        ``triton_prefers``: a Triton launch saves host time but costs GPU time, which only a
-        host-bound step can spare). Reduced mode benchmarks Inductor's Triton list only where
-        this holds, and without ATen: its benchmark times the GPU alone. None where the
-        heuristics source cannot answer (no ``triton_prefers``): predicted mode then takes its
-        configs and reduced mode benchmarks them beside ATen."""
+    def graph_triton(self, arch: str) -> frozenset[GemmProblem] | None:
+        """Once per graph: which problems of its mm that predicted mode would give a Triton
+        config take it, all weighed together (the heuristics' ``triton_problems``: a Triton
+        launch saves host time but costs GPU time, which only a host-bound step can spare).
+        Reduced mode benchmarks Inductor's Triton list only for those, and without ATen: its
+        benchmark times the GPU alone. None where the heuristics source cannot answer (no
+        ``triton_problems``): predicted mode then takes its configs and reduced mode
+        benchmarks them beside ATen."""
         graph = V.graph
-        if graph not in self._takes_triton:
-            prefers = getattr(self.heuristics, "triton_prefers", None)
+        if graph not in self._graph_triton:
+            weigh = getattr(self.heuristics, "triton_problems", None)
             gemms = triton_candidates(graph_gemms(graph.module.graph, arch), self.heuristics,
                                       host_bound_us())
             try:
-                takes = None if prefers is None else bool(prefers(gemms))
+                takers = None if weigh is None else frozenset(weigh(gemms))
             except HeuristicsError:
-                takes = False
-            self._takes_triton[graph] = takes
-            log.info("cutetune %s: %d mm of this graph have Triton configs: %s", self.mode,
-                     len(gemms), {True: "Triton", False: "ATen runs the step faster",
-                                  None: "not weighed"}[takes])
-        return self._takes_triton[graph]
+                takers = frozenset()
+            self._graph_triton[graph] = takers
+            log.info("cutetune %s: %d mm of this graph have Triton configs; %s", self.mode,
+                     len(gemms), "not weighed" if takers is None else
+                     f"{sum(p in takers for p, _ in gemms)} take them")
+        return self._graph_triton[graph]
 
     def prefetch_graph(self, arch: str) -> None:
         """Once per graph: send the top-k kernels of all its mm/bmm nodes to the prefetcher.
