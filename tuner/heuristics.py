@@ -12,7 +12,7 @@ effects change with ratios, not differences).
 A file may also hold a Triton table (``--triton-sweep``): the Inductor Triton mm config that
 predicted mode gives, without benchmarking, to a host-bound and memory-bound mm, which
 cutetune leaves to Inductor, and the launch costs (``--triton-retimed``, ``--triton-steps``)
-that say whether a graph's such mm should take them (``models/triton_mm.py``).
+that say which of a graph's such mm should take them (``models/triton_mm.py``).
 
 ``cutetune emit --model PATH --out FILE`` writes it; ``Heuristics.load`` reads it.
 """
@@ -509,7 +509,8 @@ def register(subparsers) -> None:
                    help="L2-cold GPU times of ATen and the picks (scripts/triton_mm_retime.py)")
     p.add_argument("--triton-steps", nargs="+", metavar="JSON",
                    help="step benchmarks (scripts/step_ab.py --report) whose host times per "
-                   "launch, with --triton-retimed, decide when a graph takes the Triton picks")
+                   "launch, with --triton-retimed, decide which of a graph's mm take the Triton "
+                   "picks")
     p.add_argument("--batches", type=_positive_ints, default=[1],
                    help="grid batch values, comma-separated (default 1: bmm uses the cell of "
                    "its per-batch shape)")

@@ -180,10 +180,10 @@ def time_launches(fn, buf: ProblemBuffers, policy: TimingPolicy) -> tuple[list[f
 def launch_host_us(device: str = "cuda", calls: int = 200, rounds: int = 5) -> float:
     """Host time of one ATen mm launch on tiny operands (torch.mm into an out tensor, the call
     Inductor's extern kernel makes), in us: the median of ``rounds`` batches after a warm-up.
-    The host cost of a compiled step's launches differs between hosts, and between machines
-    of one kind, by more than a decision between ATen and Triton templates allows
-    (README, torch.compile); scripts/step_ab.py records this beside its step times so that
-    those costs can be related to it."""
+    scripts/step_ab.py records it beside its step times: the host cost of a compiled step's
+    launches differs between H200 machines by up to 2x, but this read alike on a slow and a
+    fast one (data/bench/step_h200_mixed2.json, step_h200_mixed3.json), so the launch costs
+    hedge over the spread instead of measuring the host (README, torch.compile)."""
     import torch
 
     a, b = (torch.randn(16, 16, device=device, dtype=torch.bfloat16) for _ in range(2))
