@@ -600,7 +600,7 @@ _PREFETCHERS: dict[str, KernelPrefetcher] = {}
 
 # How long a node's benchmark waits for the compile workers before compiling here instead:
 # the helper's start (its imports) plus a few rounds of compiles, the slowest of all 1200 sm90
-# kernels taking 6.2 s on the H200 host (data/reports/gpu/warm_space_check_h200x2.json).
+# kernels taking 6.2 s on the H200 host (data/reports/gpu/warm_space_check_h200x2.json.gz).
 PREFETCH_WAIT_S = 60.0
 
 
