@@ -181,31 +181,34 @@ def holdout(shapes: list[SweepShape], group_of: Callable[[SweepShape], str]) -> 
 
 @dataclass(frozen=True)
 class RetimedShape:
-    """One shape's GPU times in us, L2-cold (scripts/triton_mm_retime.py): ATen's and its
-    group pick's (``config``)."""
+    """One shape's GPU times in us, L2-cold (scripts/triton_mm_retime.py): ATen's and one
+    Triton config's (``config``), timed in the same rounds; ``variant`` says which config it
+    was ("pick": its group's pick; "sweep_best", "sweep_2", ...: the sweep's fastest)."""
 
     problem: GemmProblem
     config: ConfigKey
     aten_us: float
     triton_us: float
+    variant: str = "pick"
 
 
 def load_retimed(path: str | os.PathLike) -> list[RetimedShape]:
-    """The shapes of a retime file (JSON lines) with both ATen and the pick timed; rows that
-    recorded an error are skipped. ValueError names the file and line of a corrupt row."""
-    def parse(row: dict) -> RetimedShape | None:
+    """Each Triton config timed beside ATen in a retime file (JSON lines), one RetimedShape
+    apiece; rows that recorded an error, or timed no ATen, are skipped. ValueError names the
+    file and line of a corrupt row."""
+    def parse(row: dict) -> list[RetimedShape] | None:
         timed = row.get("timed", {})
-        if "aten" not in timed or "pick" not in timed:
+        if "aten" not in timed:
             return None
         majors = str(row["majors"])
-        return RetimedShape(
-            GemmProblem(int(row["m"]), int(row["n"]), int(row["k"]), 1, str(row["dtype"]),
-                        str(row["dtype"]), majors[0], majors[1],
-                        device_for(str(row["device"])).arch),
-            config_key(timed["pick"]["config"]),
-            float(timed["aten"]["ms"]) * 1e3, float(timed["pick"]["ms"]) * 1e3)
+        problem = GemmProblem(int(row["m"]), int(row["n"]), int(row["k"]), 1, str(row["dtype"]),
+                              str(row["dtype"]), majors[0], majors[1],
+                              device_for(str(row["device"])).arch)
+        return [RetimedShape(problem, config_key(t["config"]), float(timed["aten"]["ms"]) * 1e3,
+                             float(t["ms"]) * 1e3, name)
+                for name, t in timed.items() if name != "aten"] or None
 
-    return _read_rows(path, "retime", parse)
+    return [r for rows in _read_rows(path, "retime", parse) for r in rows]
 
 
 def gpu_features(problem: GemmProblem, config: ConfigKey) -> list[float]:
@@ -251,6 +254,15 @@ class LaunchCosts:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_measured", {(r.problem, r.config): (r.aten_us, r.triton_us)
                                                for r in self.measured})
+        fastest: dict[GemmProblem, RetimedShape] = {}
+        for r in self.measured:
+            if r.problem not in fastest or r.triton_us < fastest[r.problem].triton_us:
+                fastest[r.problem] = r
+        object.__setattr__(self, "_fastest", {p: r.config for p, r in fastest.items()})
+
+    def fastest_config(self, problem: GemmProblem) -> ConfigKey | None:
+        """The Triton config that ran ``problem`` fastest where it was retimed, else None."""
+        return self._fastest.get(problem)
 
     def gpu_us(self, problem: GemmProblem, config: ConfigKey, triton: bool) -> float:
         hit = self._measured.get((problem, config))
@@ -298,8 +310,8 @@ class LaunchCosts:
                 "aten_coef": list(self.aten_coef), "triton_coef": list(self.triton_coef),
                 "host_factors": list(self.host_factors),
                 "measured": [{**r.problem.to_dict(), "config": list(r.config),
-                              "aten_us": r.aten_us, "triton_us": r.triton_us}
-                             for r in self.measured]}
+                              "aten_us": r.aten_us, "triton_us": r.triton_us,
+                              "variant": r.variant} for r in self.measured]}
 
     @classmethod
     def from_json(cls, d: Mapping) -> "LaunchCosts":
@@ -312,7 +324,8 @@ class LaunchCosts:
             raise ValueError(f"host factors {d['host_factors']} are not 0 < low <= high")
         measured = tuple(RetimedShape(GemmProblem(**{f: r[f] for f in PROBLEM_FIELDS}),
                                       tuple(int(x) for x in r["config"]),
-                                      float(r["aten_us"]), float(r["triton_us"]))
+                                      float(r["aten_us"]), float(r["triton_us"]),
+                                      str(r["variant"]))
                          for r in d["measured"])
         return cls(float(d["aten_host_us"]), float(d["triton_host_us"]), *coefs, (lo, hi),
                    measured)
@@ -320,18 +333,23 @@ class LaunchCosts:
 
 def fit_launch_costs(retimed: Sequence[RetimedShape], host: "StepHostCosts") -> LaunchCosts:
     """Least squares of GPU time (us, the unit a step sums) on ``gpu_features``, one fit for
-    ATen, one for the picks, kept beside the measurements; host costs as ``step_host_us``
-    found them."""
+    ATen (once per shape, with its pick's tiles: the config an unmeasured shape is asked
+    about), one for every Triton config retimed, kept beside the measurements; host costs as
+    ``step_host_us`` found them."""
     import numpy as np
 
-    if len(retimed) <= len(GPU_FEATURES):
-        raise ValueError(f"{len(retimed)} retimed shapes cannot fit {len(GPU_FEATURES)} "
-                         "coefficients")
-    x = np.array([gpu_features(r.problem, r.config) for r in retimed])
-    coef = [tuple(float(c) for c in np.linalg.lstsq(x, y, rcond=None)[0])
-            for y in (np.array([r.aten_us for r in retimed]),
-                      np.array([r.triton_us for r in retimed]))]
-    return LaunchCosts(host.aten_us, host.triton_us, *coef, host.factors, tuple(retimed))
+    picks = [r for r in retimed if r.variant == "pick"]
+    if len(picks) <= len(GPU_FEATURES):
+        raise ValueError(f"{len(picks)} shapes retimed with their pick cannot fit "
+                         f"{len(GPU_FEATURES)} coefficients")
+
+    def lstsq(rows: Sequence[RetimedShape], y: Callable[[RetimedShape], float]) -> tuple:
+        x = np.array([gpu_features(r.problem, r.config) for r in rows])
+        return tuple(float(c) for c in np.linalg.lstsq(x, np.array([y(r) for r in rows]),
+                                                       rcond=None)[0])
+
+    return LaunchCosts(host.aten_us, host.triton_us, lstsq(picks, lambda r: r.aten_us),
+                       lstsq(retimed, lambda r: r.triton_us), host.factors, tuple(retimed))
 
 
 @dataclass(frozen=True)
@@ -372,10 +390,11 @@ def step_host_us(reports: Iterable[Mapping]) -> StepHostCosts:
 
 
 class TritonTable:
-    """``config(majors, m, n)``: the shape's group pick (``fit``) as Inductor's Triton mm
-    kwargs, or None for a group without measurements; ``triton_problems(gemms)``: which of a
-    graph's host-bound mm with those picks should take them (``LaunchCosts``; never without
-    launch costs)."""
+    """``config(problem)``: Inductor's Triton mm kwargs for a plain mm: the config that ran it
+    fastest where the launch costs hold its retime (a recorded problem), else its group pick
+    (``fit``; not with ``measured_only``), or None for a group without measurements; ``triton_problems(gemms)``: which of
+    a graph's host-bound mm with those configs should take them (``LaunchCosts``; never
+    without launch costs)."""
 
     def __init__(self, picks: Iterable[TritonPick], costs: LaunchCosts | None = None) -> None:
         self.picks = {(p.majors, p.m_bucket, p.wide): p for p in picks}
@@ -386,8 +405,14 @@ class TritonTable:
                    ) -> "TritonTable":
         return cls(fit(shapes), costs)
 
-    def config(self, majors: str, m: int, n: int) -> dict[str, int] | None:
-        p = self.picks.get(group_key(majors, m, n))
+    def config(self, problem: GemmProblem, measured_only: bool = False
+               ) -> dict[str, int] | None:
+        fastest = self.costs.fastest_config(problem) if self.costs is not None else None
+        if fastest is not None:
+            return dict(zip(CONFIG_KEYS, fastest))
+        if measured_only:
+            return None
+        p = self.picks.get(group_key(problem.a_major + problem.b_major, problem.m, problem.n))
         return p.kwargs() if p is not None else None
 
     def triton_problems(self, gemms: Sequence[tuple[GemmProblem, Mapping[str, int]]]

@@ -612,6 +612,8 @@ def run_cpu(args) -> dict:
                           or dict(d["predicted"].triton_config) or "ATen"),  # quack, Triton
             "reduced_quack_candidates": len(d["reduced"].configs),
             "reduced_triton_templates": d["reduced"].triton,  # host- and memory-bound mm
+            # ... whose config the heuristics' retime measured: taken without a benchmark
+            "reduced_triton_config": dict(d["reduced"].triton_config) or None,
             "reason": d["predicted"].reason}
     # Triton configs go to the mm of a graph that its launch costs give them, weighed together
     # (CuteTuneChoices.graph_triton): the benchmark's two graphs, per M, as the N x K of the mm

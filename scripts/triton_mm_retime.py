@@ -8,13 +8,14 @@ that move nearly the same bytes (1024x4096: 9.8 to 42.9 us in data/triton_mm/h20
 too noisy to decide predicted mode's question, Triton or ATen. This script times, for each
 shape predicted mode asks the Triton table about, ATen (torch.mm into an out tensor, the call
 Inductor's extern kernel makes) and Triton configs (the table's pick for the shape's group and
-the sweep's fastest config) with tuner.measure's method: L2-cold rotating operands, warm-up, a
-GPU sleep ahead of the timed launches so that the events time kernels alone, and rounds that
-interleave the variants. Each Triton config is compiled through predicted mode's own path (a
+the sweep's --top fastest configs: the heuristics give a retimed shape the one that ran it
+fastest) with tuner.measure's method: L2-cold rotating operands, warm-up, a GPU sleep ahead
+of the timed launches so that the events time kernels alone, and rounds that interleave the
+variants. Each Triton config is compiled through predicted mode's own path (a
 table forced to that config) and the generated code is checked to hold it.
 
   python scripts/triton_mm_retime.py --sweep data/triton_mm/h200_bf16.jsonl \\
-      --out data/triton_mm/h200_bf16_retimed.jsonl [--budget-s 400]
+      --out data/triton_mm/h200_bf16_retimed.jsonl [--top 1] [--budget-s 400]
 
 Rows are appended one shape at a time; shapes already in --out are skipped (resumable).
 """
@@ -35,16 +36,17 @@ from cutetune.tuner.heuristics import predicted_triton_shapes
 from cutetune.tuner.triton_timings import append_row, shapes_in
 
 
-def candidates(shape: SweepShape, picks: dict) -> dict[str, dict[str, int]]:
+def candidates(shape: SweepShape, picks: dict, top: int = 1) -> dict[str, dict[str, int]]:
     """The Triton configs to time for ``shape``: its group's pick ("pick", fitted on the whole
-    sweep) and the sweep's fastest config ("sweep_best"), once each."""
+    sweep) and the sweep's ``top`` fastest configs ("sweep_best", "sweep_2", ...), once each."""
     out = {}
     pick = picks.get(group_key(shape.majors, shape.m, shape.n))
     if pick is not None:
         out["pick"] = pick.kwargs()
-    best = min(shape.triton_ms, key=shape.triton_ms.__getitem__)
-    if pick is None or best != pick.config:
-        out["sweep_best"] = dict(zip(CONFIG_KEYS, best))
+    ranked = sorted(shape.triton_ms, key=lambda c: (shape.triton_ms[c], c))[:top]
+    for i, c in enumerate(ranked, 1):
+        if pick is None or c != pick.config:
+            out["sweep_best" if i == 1 else f"sweep_{i}"] = dict(zip(CONFIG_KEYS, c))
     return out
 
 
@@ -59,7 +61,7 @@ class ForcedTable:
         raise RuntimeError(f"{problem} is not host-bound: the retime compiles only shapes "
                            "predicted mode hands to the Triton table")
 
-    def triton_config(self, problem) -> dict[str, int]:
+    def triton_config(self, problem, measured_only: bool = False) -> dict[str, int]:
         return self.config
 
 
@@ -139,6 +141,8 @@ def main() -> int:
     ap.add_argument("--arch", default="sm90")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--top", type=int, default=1,
+                    help="time the sweep's this many fastest configs beside the pick")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no new shape after this many seconds")
     args = ap.parse_args()
@@ -161,7 +165,7 @@ def main() -> int:
                 print("budget spent; re-run to resume", flush=True)
                 break
             try:
-                row = retime_shape(s, candidates(s, picks), args.rounds, l2)
+                row = retime_shape(s, candidates(s, picks, args.top), args.rounds, l2)
             except Exception as e:  # noqa: BLE001  (recorded, the run goes on)
                 row = {"m": s.m, "n": s.n, "k": s.k, "majors": s.majors,
                        "error": f"{type(e).__name__}: {e}"[:1000]}

@@ -87,11 +87,12 @@ def test_fit_picks_per_bucket_and_width(tmp_path):
 
 def test_table_lookup_by_group(tmp_path):
     table = TritonTable.from_sweep(load_sweep(write(tmp_path / "s", ROWS)))
-    assert table.config("kk", 8, 4096) == Y  # the group's pick, any M in the bucket
-    assert table.config("kk", 2, 14336) == Y  # an unmeasured wide N too
-    assert table.config("kk", 1, 512) == X  # narrow N: its group's pick
-    assert table.config("kk", 64, 4096) is None  # no measurement at this M bucket
-    assert table.config("kn", 1, 4096) is None  # nor for these operand majors
+    assert table.config(problem(8, 4096)) == Y  # the group's pick, any M in the bucket
+    assert table.config(problem(2, 14336)) == Y  # an unmeasured wide N too
+    assert table.config(problem(1, 512)) == X  # narrow N: its group's pick
+    assert table.config(problem(64, 4096)) is None  # no measurement at this M bucket
+    kn = GemmProblem(1, 4096, 4096, 1, "bf16", "bf16", "k", "n", "sm90")
+    assert table.config(kn) is None  # nor for these operand majors
     again = TritonTable.from_json(json.loads(json.dumps(table.to_json())))
     assert again.picks == table.picks
     with pytest.raises(ValueError, match="config keys"):
@@ -148,6 +149,24 @@ def test_launch_costs_take_measured_gpu_times_over_the_model():
     assert costs.gpu_us(problem(32, 4096), key(Y), True) != 13.0
     again = LaunchCosts.from_json(json.loads(json.dumps(costs.to_json())))
     assert again == costs and again.gpu_us(off.problem, key(Y), True) == 13.0
+
+
+def test_a_retimed_problem_gets_the_config_that_ran_it_fastest(tmp_path):
+    """Where several Triton configs were retimed on a problem, the table gives it the fastest
+    and the launch costs weigh that config's measured time; other problems keep their group's
+    pick. ATen's fit takes each shape once (its pick's row), so extra configs do not move it."""
+    shapes = [problem(m, n, k) for m in (1, 64) for n in (1024, 4096, 14336) for k in (2048, 8192)]
+    p = problem(1, 14336)
+    rows = [*retimed(shapes), RetimedShape(p, key(Y), 33.0, 38.0, "pick"),
+            RetimedShape(p, key(Z), 99.0, 34.0, "sweep_2")]  # ATen timed again: off-model
+    table = TritonTable.from_sweep(load_sweep(write(tmp_path / "s", ROWS)),
+                                   fit_launch_costs(rows, StepHostCosts(30.0, 20.0, (1.0, 1.0))))
+    assert table.costs.aten_coef == pytest.approx(ATEN_COEF, rel=0.2)  # 33 us: near the model
+    assert table.config(p) == Z and table.costs.gpu_us(p, key(Z), True) == 34.0
+    assert table.config(problem(2, 14336)) == Y  # not retimed: the group's pick
+    assert table.config(problem(1, 4096)) == Y  # retimed with its pick alone
+    again = TritonTable.from_json(json.loads(json.dumps(table.to_json())))
+    assert again.config(p) == Z and again.costs == table.costs
 
 
 def test_launch_costs_take_triton_while_the_step_stays_host_bound():
@@ -227,8 +246,11 @@ def test_load_retimed_skips_errors_and_names_a_corrupt_line(tmp_path):
           "device": "NVIDIA H200", "timed": timed}
     path = write(tmp_path / "r.jsonl", [ok, {"m": 2, "n": 1, "k": 1, "majors": "kk",
                                              "error": "RuntimeError: boom"}])
-    (r,) = load_retimed(path)
-    assert r == RetimedShape(problem(1, 4096), key(Y), pytest.approx(10.0), pytest.approx(12.0))
+    pick, best = load_retimed(path)  # one per Triton config timed beside ATen
+    assert pick == RetimedShape(problem(1, 4096), key(Y), pytest.approx(10.0),
+                                pytest.approx(12.0), "pick")
+    assert best == RetimedShape(problem(1, 4096), key(X), pytest.approx(10.0),
+                                pytest.approx(11.0), "sweep_best")
     bad = write(tmp_path / "bad.jsonl", [ok, {**ok, "timed": {**timed, "pick": {"ms": 1}}}])
     with pytest.raises(ValueError, match=r"bad.jsonl:2"):
         load_retimed(bad)
@@ -237,7 +259,7 @@ def test_load_retimed_skips_errors_and_names_a_corrupt_line(tmp_path):
 def test_table_without_launch_costs_never_gives_triton(tmp_path):
     table = TritonTable.from_sweep(load_sweep(write(tmp_path / "s", ROWS)))
     gemms = [(problem(1, 4096), Y)]
-    assert table.config("kk", 1, 4096) == Y and table.triton_problems(gemms) == set()
+    assert table.config(problem(1, 4096)) == Y and table.triton_problems(gemms) == set()
     table.costs = LaunchCosts(30.0, 20.0, (0.0, 1.0, 0.0), (0.0, 1.1, 0.0), (0.8, 1.5))
     assert table.triton_problems(gemms) == {problem(1, 4096)}
     again = TritonTable.from_json(json.loads(json.dumps(table.to_json())))
@@ -289,7 +311,8 @@ def test_heuristics_file_carries_the_table(tmp_path):
 
 def test_decide_gives_the_tables_config_in_predicted_mode(tmp_path):
     """A host-bound, memory-bound mm gets the table's config, unbenchmarked, in predicted mode;
-    reduced mode benchmarks Inductor's Triton list beside ATen."""
+    reduced mode benchmarks Inductor's Triton list unless the table's retime measured the
+    shape: then it takes the config that ran it fastest, as predicted mode does."""
     h = heuristics_with(TritonTable.from_sweep(load_sweep(write(tmp_path / "s", ROWS))))
     limit = ci.QUACK_LAUNCH_HOST_US
     p = GemmProblem(4, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")
@@ -303,6 +326,15 @@ def test_decide_gives_the_tables_config_in_predicted_mode(tmp_path):
     assert ci.decide(no_table, "predicted", h, 1, limit) == ci.NodeDecision(
         (), True, ci.decide(no_table, "predicted", h, 1, limit).reason, leave=True)
     assert ci.decide(no_table, "reduced", h, 5, limit).triton
+    h.triton.costs = LaunchCosts(30.0, 20.0, (0.0, 1.0, 0.0), (0.0, 1.1, 0.0), (1.0, 1.0),
+                                 (RetimedShape(p, key(Z), 20.0, 19.0, "sweep_2"),))
+    for mode in ("predicted", "reduced"):
+        d = ci.decide(p, mode, h, 5, limit)
+        assert d.leave and not d.triton and dict(d.triton_config) == Z, mode
+    other = GemmProblem(8, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")  # not retimed
+    assert dict(ci.decide(other, "predicted", h, 1, limit).triton_config) == Y
+    d = ci.decide(other, "reduced", h, 5, limit)
+    assert d.triton and d.triton_config == ()
 
 
 def test_cli_emit_adds_the_triton_table(tmp_path, monkeypatch):
@@ -327,7 +359,7 @@ def test_cli_emit_adds_the_triton_table(tmp_path, monkeypatch):
     assert main(["emit", "--model", str(model_file), "--out", str(out),
                  "--triton-sweep", str(sweep)]) == 0
     h = Heuristics.load(out)
-    assert h.triton.config("kk", 1, 4096) == Y and h.meta["triton_sweep"] == [str(sweep)]
+    assert h.triton.config(problem(1, 4096)) == Y and h.meta["triton_sweep"] == [str(sweep)]
     compute_bound = write(tmp_path / "cb.jsonl", [sweep_row(1024, 4096, 4096, 40.0, {"X": 50.0})])
     assert main(["emit", "--model", str(model_file), "--out", str(out),
                  "--triton-sweep", str(compute_bound)]) == 2
@@ -350,6 +382,16 @@ def test_cli_emit_adds_the_triton_table(tmp_path, monkeypatch):
     assert (h.triton.costs.aten_host_us, h.triton.costs.triton_host_us) == (30.0, 20.0)
     assert h.triton_problems([(problem(1, 4096), Y)] * 4) == h.triton.costs.triton_problems(
         [(problem(1, 4096), key(Y))] * 4) == {problem(1, 4096)}
+    # a problem retimed again in a later file takes that file's times, and its fastest config
+    again = write(tmp_path / "rt2.jsonl", [
+        {"m": 1, "n": 4096, "k": 2048, "majors": "kk", "dtype": "bf16", "device": "NVIDIA H200",
+         "timed": {"aten": {"ms": 0.010}, "pick": {"ms": 0.013, "config": Y},
+                   "sweep_best": {"ms": 0.011, "config": X}}}])
+    for files, want in (([rt, again], X), ([again, rt], Y)):
+        assert main(["emit", "--model", str(model_file), "--out", str(out),
+                     "--triton-sweep", str(sweep), "--triton-retimed", *map(str, files),
+                     "--triton-steps", str(steps)]) == 0
+        assert Heuristics.load(out).triton_config(problem(1, 4096, 2048)) == want
     assert main(["emit", "--model", str(model_file), "--out", str(out),
                  "--triton-sweep", str(sweep), *costs[:2]]) == 2  # steps missing
     steps.write_text("{}")
@@ -370,6 +412,9 @@ def test_retime_times_each_shapes_pick_and_the_sweeps_fastest_config_once(tmp_pa
     assert retime.candidates(shapes[0], picks) == {"pick": Y}  # Y was this shape's fastest
     assert retime.candidates(shapes[1], picks) == {"pick": Y, "sweep_best": X}
     assert retime.candidates(shapes[1], {}) == {"sweep_best": X}  # no pick for its group
+    # the sweep's three fastest, the pick (Y, second fastest here) named once
+    assert retime.candidates(shapes[1], picks, top=3) == {"pick": Y, "sweep_best": X,
+                                                          "sweep_3": Z}
     forced = retime.ForcedTable(Z)
     assert forced.triton_config(problem(1, 4096)) == Z and forced.digest != retime.ForcedTable(
         X).digest

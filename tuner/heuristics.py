@@ -139,13 +139,15 @@ class Heuristics:
         aten, idx = entry
         return tuple(self.configs[i] for i in idx), aten
 
-    def triton_config(self, problem: GemmProblem) -> dict[str, int] | None:
-        """Inductor's Triton mm kwargs for ``problem`` (a plain mm), or None: no pick for its
-        group, or no Triton table in this file."""
+    def triton_config(self, problem: GemmProblem, measured_only: bool = False
+                      ) -> dict[str, int] | None:
+        """Inductor's Triton mm kwargs for ``problem`` (a plain mm): the config that ran it
+        fastest where the table's retime measured it, else its group's pick (not with
+        ``measured_only``); None without either, or without a Triton table in this file."""
         self._check(problem)
         if self.triton is None or problem.batch != 1:
             return None
-        return self.triton.config(problem.a_major + problem.b_major, problem.m, problem.n)
+        return self.triton.config(problem, measured_only)
 
     def triton_problems(self, gemms: list[tuple[GemmProblem, dict[str, int]]]
                         ) -> frozenset[GemmProblem]:
@@ -276,8 +278,9 @@ class PackagedHeuristics:
     def lookup(self, problem: GemmProblem) -> tuple[tuple[KernelConfig, ...], bool]:
         return self._file(problem).lookup(problem)
 
-    def triton_config(self, problem: GemmProblem) -> dict[str, int] | None:
-        return self._file(problem).triton_config(problem)
+    def triton_config(self, problem: GemmProblem, measured_only: bool = False
+                      ) -> dict[str, int] | None:
+        return self._file(problem).triton_config(problem, measured_only)
 
     def triton_problems(self, gemms: list[tuple[GemmProblem, dict[str, int]]]
                         ) -> frozenset[GemmProblem]:
@@ -422,8 +425,14 @@ def _triton_table(args) -> TritonTable:
         raise UserError("launch costs need both --triton-retimed and --triton-steps")
     costs = None
     if args.triton_retimed:
-        retimed = [r for r in read(args.triton_retimed, load_retimed, "Triton retime")
-                   if (r.problem.arch, r.problem.dtype) == (args.arch, args.dtype)]
+        latest: dict = {}  # problem -> its rows from the last file that retimed it
+        for path in args.triton_retimed:
+            rows: dict = {}
+            for r in read([path], load_retimed, "Triton retime"):
+                if (r.problem.arch, r.problem.dtype) == (args.arch, args.dtype):
+                    rows.setdefault(r.problem, []).append(r)
+            latest.update(rows)
+        retimed = [r for rows in latest.values() for r in rows]
         steps = read(args.triton_steps, lambda p: json.loads(Path(p).read_text())["parts"],
                      "step benchmark")
         try:
@@ -464,9 +473,19 @@ def _cmd_emit(args) -> int:
     if triton is not None:
         print(f"Triton table: {len(triton.picks)} picks, M buckets "
               f"{sorted({b for _, b, _ in triton.picks})}, "
-              + (f"launch costs {triton.costs}" if triton.costs else
+              + (_launch_costs_line(triton.costs) if triton.costs else
                  "no launch costs: predicted mode keeps such mm on ATen"))
     return 0
+
+
+def _launch_costs_line(c) -> str:
+    problems = {r.problem for r in c.measured}
+    picks = {r.problem: r.config for r in c.measured if r.variant == "pick"}
+    tuned = sum(c.fastest_config(p) != config for p, config in picks.items())
+    return (f"launch costs: host {c.aten_host_us:.1f} us per ATen mm, {c.triton_host_us:.1f} "
+            f"per Triton mm, host speeds {c.host_factors[0]:.2f}-{c.host_factors[1]:.2f}x; "
+            f"{len(problems)} problems retimed ({len(c.measured)} Triton configs), {tuned} "
+            "of them run fastest with a config other than their group's pick")
 
 
 def _positive_int(text: str) -> int:
@@ -506,7 +525,9 @@ def register(subparsers) -> None:
                    "triton_mm.jsonl in a reduced-mode feedback folder): add the Triton configs "
                    "predicted mode gives host-bound, memory-bound mm")
     p.add_argument("--triton-retimed", nargs="+", metavar="JSONL",
-                   help="L2-cold GPU times of ATen and the picks (scripts/triton_mm_retime.py)")
+                   help="L2-cold GPU times of ATen and Triton configs "
+                   "(scripts/triton_mm_retime.py); a problem retimed in several files takes "
+                   "the last file's times. A retimed problem gets its fastest config")
     p.add_argument("--triton-steps", nargs="+", metavar="JSON",
                    help="step benchmarks (scripts/step_ab.py --report) whose host times per "
                    "launch, with --triton-retimed, decide which of a graph's mm take the Triton "

@@ -23,8 +23,9 @@ Inductor the GEMMs too small to cover a quack launch's host time (``QUACK_LAUNCH
 unless the graph runs under CUDA graphs: the cost model and Inductor's benchmark time the GPU
 only, and at small M a step without CUDA graphs waits on the host. Where such a plain mm is
 also memory-bound, predicted mode gives it the one Triton config that the heuristics file
-names for it (measured by scripts/triton_mm_sweep.py, fitted by models/triton_mm.py), and
-reduced mode benchmarks Inductor's Triton mm templates, but only for the mm that the
+names for it (measured by scripts/triton_mm_sweep.py and scripts/triton_mm_retime.py, fitted
+by models/triton_mm.py), and reduced mode the same where the retime measured the shape, else
+benchmarks Inductor's Triton mm templates, but only for the mm that the
 heuristics' launch costs give them, weighing all such mm of a graph together
 (``graph_triton``); the others keep ATen. A Triton launch
 from generated code costs less host time than ATen's extern call, and the template takes the
@@ -137,11 +138,14 @@ def host_bound(problem: GemmProblem, host_bound_us: float) -> tuple[float, bool]
     return (ideal_us, memory_s >= compute_s) if ideal_us < host_bound_us else None
 
 
-def _triton_config(heuristics, problem: GemmProblem) -> tuple[tuple[str, int], ...]:
-    """The heuristics' Triton mm config for ``problem``, or () for ATen or no table."""
+def _triton_config(heuristics, problem: GemmProblem, measured_only: bool = False
+                   ) -> tuple[tuple[str, int], ...]:
+    """The heuristics' Triton mm config for ``problem`` (with ``measured_only``, only one
+    their retime measured), or () for ATen or no table."""
     lookup = getattr(heuristics, "triton_config", None)
     try:
-        config = lookup(problem) if lookup is not None else None
+        config = (None if lookup is None else
+                  lookup(problem, measured_only=True) if measured_only else lookup(problem))
     except HeuristicsError:
         return ()
     return tuple(sorted(config.items())) if config else ()
@@ -165,21 +169,24 @@ def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: in
     reduced: the top-k configs and ATen. A node is left to Inductor (ATen alone under its
     default settings) when ``problem`` is the ProblemError saying why quack cannot run it, or
     when even the device's ceiling runs the GEMM in under ``host_bound_us``. Such a GEMM, if
-    memory-bound, gets Inductor's Triton templates benchmarked beside ATen in reduced mode, and
-    in predicted mode the heuristics' Triton config where they have one, unless its graph
-    keeps them on ATen (``CuteTuneChoices.graph_triton``)."""
+    memory-bound, gets in predicted mode the heuristics' Triton config where they have one; in
+    reduced mode the config their retime measured fastest for it where there is one (timed
+    L2-cold beside the alternatives, which Inductor's benchmark, L2-warm and brief, cannot
+    improve on), else Inductor's Triton templates benchmarked; either unless its graph keeps
+    them on ATen (``CuteTuneChoices.graph_triton``)."""
     if isinstance(problem, ProblemError):
         return NodeDecision((), True, f"unsupported: {problem}", leave=True)
     bound = host_bound(problem, host_bound_us)
     if bound is not None:  # Inductor's own candidates: ATen, or under max-autotune also its
         # Triton templates, whose launches cost less host time than ATen's
         ideal_us, memory_bound = bound
-        config = (_triton_config(heuristics, problem) if mode == "predicted" and memory_bound
-                  else ())
+        config = (_triton_config(heuristics, problem, measured_only=mode == "reduced")
+                  if memory_bound else ())
         return NodeDecision((), True, f"host-bound: {ideal_us:.1f} us at the device's ceiling, "
                                       f"under a quack launch's {host_bound_us:.0f} us of host "
                                       f"time{'; memory-bound' if memory_bound else ''}",
-                            leave=True, triton=mode == "reduced" and memory_bound,
+                            leave=True,
+                            triton=mode == "reduced" and memory_bound and not config,
                             triton_config=config)
     try:
         configs, prefers_aten = heuristics.lookup(problem)
@@ -356,12 +363,12 @@ class CuteTuneChoices(InductorChoices):
 
     def host_bound_mm_configs(self, kernel_inputs, templates, op_name, kwarg_overrides,
                               only: dict[str, int], with_aten: bool):
-        """A host-bound and memory-bound plain mm. Reduced mode (``only`` empty): Inductor's
-        Triton mm template configs, benchmarked, with ATen beside them only ``with_aten``
+        """A host-bound and memory-bound plain mm. ``only`` empty (reduced mode, a shape the
+        heuristics did not retime): Inductor's Triton mm template configs, benchmarked, with ATen beside them only ``with_aten``
         (when the heuristics cannot weigh the graph: where they can and chose the templates,
         a benchmark of GPU time alone would often pick ATen, which the step cannot afford).
-        Predicted mode: the one Triton config whose kwargs match ``only``, alone, so it is not
-        benchmarked. Either way the configs come from max-autotune's list with its fixed
+        Otherwise (predicted mode, and reduced mode for a retimed shape): the one Triton config
+        whose kwargs match ``only``, alone, so it is not benchmarked. Either way the configs come from max-autotune's list with its fixed
         layouts (``max_autotune_gemm`` holds while they are generated), and where Inductor
         offers none of them ATen stands alone. Under max-autotune, or where Inductor's Triton
         templates do not apply (dtype, a small GPU), Inductor's own list stands."""
