@@ -13,9 +13,12 @@ to each shape's fastest Triton config. Narrow N (at most NARROW_N) is split off 
 output has too few column tiles to fill the GPU with the tiles that suit wide N (how the picks
 fare on model families they were not fitted on: scripts/triton_mm_report.py).
 
-Whether to take the pick is a question of the whole step, not of one GEMM. Timed alone,
-L2-cold, the picks run longer on the GPU than ATen on most shapes
-(scripts/triton_mm_retime.py, data/triton_mm/h200_bf16_retimed.jsonl); the step gains only
+A shape that was retimed L2-cold (scripts/triton_mm_retime.py: the pick and the sweep's
+fastest configs, data/triton_mm/h200_bf16_retimed_top4.jsonl) takes the config that ran it
+fastest there instead; the sweep's own timings are too rough to choose per shape.
+
+Whether to take a Triton config is a question of the whole step, not of one GEMM. Timed
+alone, L2-cold, the picks run longer on the GPU than ATen on most shapes; the step gains only
 while it stays host-bound. ``LaunchCosts`` models a step as taking the longer of its host time
 (launches times their host cost, from step benchmarks) and its GPU time (fitted to the retimed
 shapes), and gives the Triton picks to those of a graph's GEMMs that keep its step nearest
@@ -230,13 +233,14 @@ GPU_FEATURES = ("1", "ceiling us", "K/1000 / SM share")
 @dataclass(frozen=True)
 class LaunchCosts:
     """A step's time as the longer of its host time and its GPU time, for a graph's
-    host-bound mm run each on ATen or on its Triton pick: host time per launch
+    host-bound mm run each on ATen or on its Triton config: host time per launch
     (``step_host_us``), scaled by how fast the host runs, and GPU time per GEMM: as retimed
-    where ``measured`` holds the shape with that pick, else coef . ``gpu_features`` and no
+    where ``measured`` holds the shape with that config, else coef . ``gpu_features`` and no
     less than the ceiling's (``fit_launch_costs``). The model's error (16 % for the picks)
-    exceeds the GPU time many picks add to ATen's (under 1 % for Llama-3-8B's gate and up
-    projections at M=16, data/triton_mm/h200_bf16_retimed.jsonl), so it decides only shapes
-    that were not measured.
+    exceeds the GPU time many configs add to ATen's (under 1 % for Llama-3-8B's gate and up
+    projections at M 16 and 128 with their fastest configs,
+    data/triton_mm/h200_bf16_retimed_top4.jsonl), so it decides only shapes that were not
+    measured.
 
     How fast the host runs is not known when a graph compiles: the same graph's step host time
     differed by up to 2x between H200 machines and between processes on one (the step files
