@@ -290,12 +290,22 @@ class LaunchCosts:
     def triton_problems(self, gemms: Sequence[tuple[GemmProblem, ConfigKey]]
                         ) -> frozenset[GemmProblem]:
         """The problems among ``gemms`` (one per node; a problem keeps one choice for all its
-        nodes) that should take their Triton pick. Each takes host time off the step and adds
-        GPU time, so the candidates are those taking the problems in order of the GPU time
+        nodes) that should take their Triton config. Each takes host time off the step and
+        adds GPU time, so the candidates are those taking the problems in order of the GPU time
         each node adds, none to all; of them, the one with the least worst-case ratio to the
         best candidate's step over ``host_factors`` (ties: fewer Triton problems)."""
+        return self._weigh(gemms)[0]
+
+    def least_regret(self, gemms: Sequence[tuple[GemmProblem, ConfigKey]]) -> float:
+        """That worst-case ratio for ``triton_problems``' choice: how much slower than the
+        best choice for its host the modelled step may run on some host speed in
+        ``host_factors`` (1.0: one choice is best on all of them)."""
+        return self._weigh(gemms)[1]
+
+    def _weigh(self, gemms: Sequence[tuple[GemmProblem, ConfigKey]]
+               ) -> tuple[frozenset[GemmProblem], float]:
         if not gemms:
-            return frozenset()
+            return frozenset(), 1.0
         penalty: dict[GemmProblem, float] = {}
         for p, c in gemms:
             penalty[p] = self.gpu_us(p, c, True) - self.gpu_us(p, c, False)
@@ -307,7 +317,8 @@ class LaunchCosts:
         steps = [[max(host * f, gpu) for f in factors] for host, gpu in sums]
         best = [min(col) for col in zip(*steps)]
         regret = [max(t / b for t, b in zip(row, best)) for row in steps]
-        return takers[min(range(len(takers)), key=lambda j: (round(regret[j], 9), j))]
+        j = min(range(len(takers)), key=lambda j: (round(regret[j], 9), j))
+        return takers[j], regret[j]
 
     def to_json(self) -> dict:
         return {"aten_host_us": self.aten_host_us, "triton_host_us": self.triton_host_us,

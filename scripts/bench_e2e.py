@@ -570,6 +570,7 @@ def plot(res: dict, path: Path) -> None:
 
 # ================================================================ CPU: heuristics timing
 def run_cpu(args) -> dict:
+    from cutetune.models.triton_mm import config_key
     from cutetune.space.problem import GemmProblem
     from cutetune.tuner import heuristics as hz
     from cutetune.tuner.inductor import (QUACK_LAUNCH_HOST_US, REDUCED_TOP_K, decide,
@@ -620,7 +621,8 @@ def run_cpu(args) -> dict:
     # that take them (ATen: none do)
     graph_shapes = {"mlp": ((INTER, HIDDEN), (INTER, HIDDEN), (HIDDEN, INTER)),
                     "attn": ((HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN))}
-    graphs, weigh_us = {}, []
+    graphs, weigh_us, regret = {}, [], {}
+    costs = h.triton.costs if h.triton is not None else None
     for m in MS:
         for name, shapes in graph_shapes.items():
             gemms = triton_candidates([GemmProblem(m, n, k, b_major="k") for n, k in shapes], h,
@@ -630,6 +632,9 @@ def run_cpu(args) -> dict:
             weigh_us.append((time.perf_counter() - t0) * 1e6)
             graphs[f"{name}_m{m}"] = (sorted({f"{p.n}x{p.k}" for p in takers}) or "ATen"
                                       if gemms else "-")
+            if gemms and costs is not None:
+                regret[f"{name}_m{m}"] = costs.least_regret([(p, config_key(c))
+                                                             for p, c in gemms])
     return {
         "what": "cutetune heuristics: load and per-node lookup cost at compile time (CPU), and "
                 "the decisions for the torch.compile benchmark's GEMMs",
@@ -647,6 +652,9 @@ def run_cpu(args) -> dict:
         "decisions": decisions,
         "graph_triton": graphs,  # "-": no mm of the graph has a Triton config
         "graph_triton_weigh_us": {"median": statistics.median(weigh_us), "max": max(weigh_us)},
+        # the launch costs' worst-case step over the best choice for the host, across the host
+        # speeds they span: above 1.01, no one choice keeps every host within 1 %
+        "graph_triton_least_regret": regret,
     }
 
 

@@ -209,6 +209,9 @@ def test_launch_costs_hedge_over_the_host_speeds_seen():
     assert median_host.triton_problems(gemms) == {free}
     slow_hosts = Fixed(30.0, 20.0, (0.0,) * 3, (0.0,) * 3, (1.0, 1.5))
     assert slow_hosts.triton_problems(gemms) == {free, costly}
+    # the price of hedging: 112 us where the median host's best (the free one alone) takes 100
+    assert slow_hosts.least_regret(gemms) == pytest.approx(1.12)
+    assert median_host.least_regret(gemms) == 1.0 and median_host.least_regret([]) == 1.0
     assert slow_hosts.step_us(gemms, [True, False, True, False], 1.5) == pytest.approx(150.0)
     # a tie keeps ATen: where the step is GPU-bound either way, no Triton compile
     gpu[free] = (60.0, 60.0)
