@@ -47,6 +47,8 @@
 #      asks the table about (scripts/triton_mm_retime.py)
 #   retime_top4  the same with the sweep's four fastest configs beside the pick, so that the
 #      heuristics give each retimed shape the config that ran it fastest
+#   tune  (next session) the GPU tests of the tuning loop (its 2-worker compile pool) and of
+#      host-bound mm (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
 # nvidia-smi samples clocks, power and temperature all along. Results are packed into $OUT.
 set -uo pipefail
@@ -183,6 +185,9 @@ print(torch.__version__, 'get_ktc', hasattr(C, 'get_ktc'), \
     host_bound_steps hc "$([ "$CALL" = hostcal ] && echo 10 || echo 150)"
     [ "$CALL" = hostcal ] || bench part_mx --ms 1 128 --modes default predicted \
       --warm-for predicted --skip-overhead ;;
+  tune)
+    timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \
+      -k "gpu_cli or host_bound" -q -s -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.log" ;;
   retime|retime_top4)
     top=$([ "$CALL" = retime ] && echo 1 || echo 4)
     timeout "$(left 10)" python scripts/triton_mm_retime.py --sweep data/triton_mm/h200_bf16.jsonl \

@@ -896,10 +896,12 @@ def test_gpu_compiled_llama_mlp(tmp_path, mode, monkeypatch):
         assert n_quack == 0  # reduced: whatever Inductor's benchmark picked
 
 
-def _compile_host_bound_mm(mode: str, fn, m: int, n: int, k: int, transposed_b: bool):
-    """Compile and run ``fn(x, w)`` in ``mode`` from a fresh Inductor cache, with w (n, k)
-    when ``transposed_b`` (nn.Linear's weight) else (k, n). Returns the output, the reference,
-    the generated code and the choice types Inductor benchmarked (a feedback saver's view)."""
+def _compile_host_bound_mm(mode: str, fn, m: int, n: int, k: int, transposed_b: bool,
+                           feedback=None):
+    """Compile and run ``fn(x, w)`` in ``mode`` (reduced: with ``feedback``) from a fresh
+    Inductor cache, with w (n, k) when ``transposed_b`` (nn.Linear's weight) else (k, n).
+    Returns the output, the reference, the generated code and the choice types Inductor
+    benchmarked (a feedback saver's view)."""
     from torch._inductor.utils import fresh_cache, run_and_get_code
 
     timed = []
@@ -914,7 +916,7 @@ def _compile_host_bound_mm(mode: str, fn, m: int, n: int, k: int, transposed_b: 
     w = torch.randn(*((n, k) if transposed_b else (k, n)), device="cuda", dtype=BF16)
     torch._dynamo.reset()
     try:
-        with torch.no_grad(), fresh_cache(), ci.enable(mode, prefetch=False):
+        with torch.no_grad(), fresh_cache(), ci.enable(mode, prefetch=False, feedback=feedback):
             out, code = run_and_get_code(torch.compile(fn), x, w)
     finally:
         cache.feedback_saver_fns.remove(saver)
@@ -922,18 +924,25 @@ def _compile_host_bound_mm(mode: str, fn, m: int, n: int, k: int, transposed_b: 
 
 
 @gpu
-def test_gpu_reduced_benchmarks_triton_templates_for_host_bound_mm():
-    """A 16x1024x1024 mm is host-bound and the packaged launch costs favour Triton for a
-    graph of it: reduced mode benchmarks Inductor's Triton templates without ATen (choice
-    types seen by a feedback saver) and runs the winner correctly."""
+def test_gpu_reduced_benchmarks_triton_templates_for_host_bound_mm(tmp_path):
+    """A 16x1024x1024 mm is host-bound, the packaged launch costs favour Triton for a graph
+    of it, and their retime never measured it: reduced mode benchmarks Inductor's Triton
+    templates without ATen (choice types seen by a feedback saver), runs the winner correctly,
+    and its feedback appends the benchmark as a Triton sweep row that ``cutetune emit
+    --triton-sweep`` reads."""
+    from cutetune.models.triton_mm import load_sweep
     from cutetune.tuner.heuristics import PackagedHeuristics
 
     h, p = PackagedHeuristics(), P(16, 1024, 1024)
     assert h.triton_problems([(p, h.triton_config(p))]) == {p}
+    assert h.triton_config(p, measured_only=True) is None
     out, ref, _, timed = _compile_host_bound_mm("reduced", lambda a, b: a @ b.t(), 16, 1024,
-                                                1024, transposed_b=True)
+                                                1024, transposed_b=True, feedback=tmp_path)
     assert "TritonTemplateCaller" in timed and "ExternKernelCaller" not in timed
     assert _rel_err(out, ref) < 2e-2
+    (row,) = load_sweep(tmp_path / ci.TRITON_FEEDBACK)
+    assert (row.m, row.n, row.k, row.majors) == (16, 1024, 1024, "kk")
+    assert row.aten_ms is None and len(row.triton_ms) > 1
 
 
 @gpu

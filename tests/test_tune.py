@@ -182,6 +182,30 @@ def test_cli_gpu_path_reports_cublas_and_appends(tmp_path, capsys, monkeypatch):
     assert sorted(appended) == ["cublas"] + ["quack"] * 5
 
 
+@pytest.mark.gpu
+def test_gpu_cli_tunes_on_the_gpu(tmp_path, capsys):
+    """The real GPU path (run through the device tool): the model strategy's trials compile in
+    the GPU executor's 2-worker pool and are timed on the GPU, cuBLAS is measured last, and
+    every row lands in the dataset with the results line."""
+    import json
+
+    from cutetune.dataset import load
+    from cutetune.tuner.gpu_session import COMPILE_WORKERS
+
+    assert COMPILE_WORKERS == 2
+    assert main(["tune", "--m", "2048", "--n", "2048", "--k", "2048", "--trials", "6",
+                 "--storage", f"journal:{tmp_path / 'j.journal'}",
+                 "--dataset", str(tmp_path / "out"), "--results", str(tmp_path / "r.jsonl")]) == 0
+    (record,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    times = [t for t in record["times_ms_in_order"] if t is not None]
+    assert record["measured"] >= 1 and times and record["best_ms"] == min(times) > 0
+    assert record["cublas_ms"] > 0 and 0.2 < record["speedup_vs_cublas"] < 5
+    rows = load(tmp_path / "out").to_pylist()
+    assert sum(r["backend"] == "cublas" for r in rows) == 1
+    assert sum(r["backend"] == "quack" and r["status"] == "ok" for r in rows) == len(times)
+    print(capsys.readouterr().out)
+
+
 def test_cli_user_errors_are_one_line(tmp_path, capsys):
     append(tmp_path / "ds", synthetic_table([PROBLEM]).to_pylist())
     assert _cli(tmp_path, "--strategy", "random", "--margin", "0.1") == 2
