@@ -214,6 +214,15 @@ def load_retimed(path: str | os.PathLike) -> list[RetimedShape]:
     return [r for rows in _read_rows(path, "retime", parse) for r in rows]
 
 
+def fastest_retimed(retimed: Iterable[RetimedShape]) -> dict[GemmProblem, RetimedShape]:
+    """Per retimed problem, the row of the Triton config that ran it fastest."""
+    fastest: dict[GemmProblem, RetimedShape] = {}
+    for r in retimed:
+        if r.problem not in fastest or r.triton_us < fastest[r.problem].triton_us:
+            fastest[r.problem] = r
+    return fastest
+
+
 def gpu_features(problem: GemmProblem, config: ConfigKey) -> list[float]:
     """What a memory-bound GEMM's GPU time follows, in us: [1, its time at the device's
     ceiling, K/1000 over the share of SMs the config's output tiles occupy (the serial K loop
@@ -258,11 +267,8 @@ class LaunchCosts:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_measured", {(r.problem, r.config): (r.aten_us, r.triton_us)
                                                for r in self.measured})
-        fastest: dict[GemmProblem, RetimedShape] = {}
-        for r in self.measured:
-            if r.problem not in fastest or r.triton_us < fastest[r.problem].triton_us:
-                fastest[r.problem] = r
-        object.__setattr__(self, "_fastest", {p: r.config for p, r in fastest.items()})
+        object.__setattr__(self, "_fastest", {p: r.config for p, r in
+                                              fastest_retimed(self.measured).items()})
 
     def fastest_config(self, problem: GemmProblem) -> ConfigKey | None:
         """The Triton config that ran ``problem`` fastest where it was retimed, else None."""
@@ -407,9 +413,9 @@ def step_host_us(reports: Iterable[Mapping]) -> StepHostCosts:
 class TritonTable:
     """``config(problem)``: Inductor's Triton mm kwargs for a plain mm: the config that ran it
     fastest where the launch costs hold its retime (a recorded problem), else its group pick
-    (``fit``; not with ``measured_only``), or None for a group without measurements; ``triton_problems(gemms)``: which of
-    a graph's host-bound mm with those configs should take them (``LaunchCosts``; never
-    without launch costs)."""
+    (``fit``; not with ``measured_only``), or None for a group without measurements;
+    ``triton_problems(gemms)``: which of a graph's host-bound mm with those configs should
+    take them (``LaunchCosts``; never without launch costs)."""
 
     def __init__(self, picks: Iterable[TritonPick], costs: LaunchCosts | None = None) -> None:
         self.picks = {(p.majors, p.m_bucket, p.wide): p for p in picks}

@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from triton_mm_sweep import FAMILIES, family_of  # noqa: E402
 
 from cutetune.models.evaluate import geomean  # noqa: E402
-from cutetune.models.triton_mm import (StepHostCosts, TritonTable, fit, fit_launch_costs,  # noqa: E402
-                                       holdout, load_retimed, load_sweep, m_bucket)
+from cutetune.models.triton_mm import (StepHostCosts, TritonTable, fastest_retimed,  # noqa: E402
+                                       fit, fit_launch_costs, holdout, load_retimed,
+                                       load_sweep, m_bucket)
 from cutetune.tuner.heuristics import Heuristics, default_path, predicted_triton_shapes  # noqa: E402
 
 
@@ -51,10 +52,7 @@ def retimed_report(path: str, sweep: list) -> dict:
     GPU-time model's error on each family when fitted without it (host costs do not enter)."""
     retimed = load_retimed(path)
     picks = [r for r in retimed if r.variant == "pick"]
-    fastest: dict = {}  # problem -> its fastest retimed config's row
-    for r in retimed:
-        if r.problem not in fastest or r.triton_us < fastest[r.problem].triton_us:
-            fastest[r.problem] = r
+    fastest = fastest_retimed(retimed)
     swept = {(s.m, s.n, s.k, s.majors): s for s in sweep}
     key = lambda r: (r.problem.m, r.problem.n, r.problem.k,  # noqa: E731
                      r.problem.a_major + r.problem.b_major)

@@ -364,11 +364,12 @@ class CuteTuneChoices(InductorChoices):
     def host_bound_mm_configs(self, kernel_inputs, templates, op_name, kwarg_overrides,
                               only: dict[str, int], with_aten: bool):
         """A host-bound and memory-bound plain mm. ``only`` empty (reduced mode, a shape the
-        heuristics did not retime): Inductor's Triton mm template configs, benchmarked, with ATen beside them only ``with_aten``
-        (when the heuristics cannot weigh the graph: where they can and chose the templates,
-        a benchmark of GPU time alone would often pick ATen, which the step cannot afford).
-        Otherwise (predicted mode, and reduced mode for a retimed shape): the one Triton config
-        whose kwargs match ``only``, alone, so it is not benchmarked. Either way the configs come from max-autotune's list with its fixed
+        heuristics did not retime): Inductor's Triton mm template configs, benchmarked, with
+        ATen beside them only ``with_aten`` (when the heuristics cannot weigh the graph: where
+        they can and chose the templates, a benchmark of GPU time alone would often pick ATen,
+        which the step cannot afford). Otherwise (predicted mode, and reduced mode for a
+        retimed shape): the one Triton config whose kwargs match ``only``, alone, so it is not
+        benchmarked. Either way the configs come from max-autotune's list with its fixed
         layouts (``max_autotune_gemm`` holds while they are generated), and where Inductor
         offers none of them ATen stands alone. Under max-autotune, or where Inductor's Triton
         templates do not apply (dtype, a small GPU), Inductor's own list stands."""
