@@ -530,8 +530,8 @@ def register(subparsers) -> None:
                    "the last file's times. A retimed problem gets its fastest config")
     p.add_argument("--triton-steps", nargs="+", metavar="JSON",
                    help="step benchmarks (scripts/step_ab.py --report) whose host times per "
-                   "launch, with --triton-retimed, decide which of a graph's mm take the Triton "
-                   "picks")
+                   "launch, with --triton-retimed, decide which of a graph's mm take their "
+                   "Triton configs")
     p.add_argument("--batches", type=_positive_ints, default=[1],
                    help="grid batch values, comma-separated (default 1: bmm uses the cell of "
                    "its per-batch shape)")
