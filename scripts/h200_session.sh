@@ -47,8 +47,8 @@
 #      asks the table about (scripts/triton_mm_retime.py)
 #   retime_top4  the same with the sweep's four fastest configs beside the pick, so that the
 #      heuristics give each retimed shape the config that ran it fastest
-#   tune  (next session) the GPU tests of the tuning loop (its 2-worker compile pool) and of
-#      host-bound mm (reduced mode's Triton feedback rows)
+#   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
+#      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
 # nvidia-smi samples clocks, power and temperature all along. Results are packed into $OUT.
 set -uo pipefail
@@ -72,7 +72,7 @@ host_bound_steps() {  # host_bound_steps TAG RESERVE_S: the GPU tests of host-bo
     -p no:cacheprovider 2>&1 | tail -n 3 | tee "$E2E/gpu_tests_$CALL.log"
   for m in 1 16 128; do
     timeout "$(left "$2")" python scripts/step_ab.py --m "$m" --out "$E2E/ab_$1_m$m.json" \
-      2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
+      --save-code "$E2E/code_$1" 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
   done
 }
 case $CALL in

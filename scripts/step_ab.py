@@ -8,10 +8,12 @@ the step there. At small M the steps are host-bound, and there the same ATen cod
 timed side by side in one process, agreed within 0.1 % (data/bench/step_ab_h200_reduced_mlp_m16
 .json). So step times are compared here: each mode's compile of the workload (a function with
 its own code object, static shapes) in one process, then rounds that time every mode and eager
-in turn, the median of rounds reported.
+in turn, each round starting one mode later than the last (so that no mode always runs after
+the same one), the median of rounds reported.
 
   python scripts/step_ab.py --m 16 --out ab_m16.json [--modes ...] [--workloads mlp attn]
       [--heldout-model HEURISTICS]   (adds mode predicted-heldout: predicted with that file)
+      [--save-code DIR]   (each mode's Inductor output code, to tell same-kernel steps apart)
   python scripts/step_ab.py --report ab_m*.json --out data/bench/step_h200.json
 """
 
@@ -66,7 +68,8 @@ def _run_and_capture_code(fn, x):
     return out, codes
 
 
-def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = None) -> dict:
+def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = None,
+            save_code: Path | None = None) -> dict:
     import torch
     from torch._dynamo.utils import counters
 
@@ -90,15 +93,20 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
                     code = _run_and_capture_code(fns[mode], x)[1]
                 compile_s[mode] = time.perf_counter() - t0
                 kernels[mode] = _kernel_counts("\n".join(code))
+                if save_code is not None:
+                    save_code.mkdir(parents=True, exist_ok=True)
+                    (save_code / f"m{m}_{name}_{mode}.py").write_text("\n".join(code))
             recompiled = {}  # a graph Dynamo compiles again here runs without cutetune
             for mode, fn in fns.items():
                 graphs = counters["stats"]["unique_graphs"]
                 _time_calls(torch, fn, x, repeats=1)  # warm-up
                 recompiled[mode] = counters["stats"]["unique_graphs"] - graphs
             timed = {mode: [] for mode in fns}
-            for _ in range(rounds):
-                for mode, fn in fns.items():
-                    timed[mode].append(_time_calls(torch, fn, x, repeats=3, warmup_s=0.0))
+            order = list(fns)
+            for r in range(rounds):
+                for mode in order[r % len(order):] + order[:r % len(order)]:
+                    timed[mode].append(_time_calls(torch, fns[mode], x, repeats=3,
+                                                   warmup_s=0.0))
         res["workloads"][name] = {
             "kernels": kernels,
             "graphs_compiled_when_timed": recompiled,
@@ -165,6 +173,8 @@ def main() -> None:
     ap.add_argument("--drop-modes", nargs="+", default=[], metavar="MODE",
                     help="with --report: modes whose timings do not count (say why in --why)")
     ap.add_argument("--why", default="", help="why --drop-modes' timings do not count")
+    ap.add_argument("--save-code", type=Path, metavar="DIR",
+                    help="write each mode's Inductor output code there")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.drop_modes and not args.why:
@@ -180,7 +190,8 @@ def main() -> None:
         raise SystemExit("--m is required unless --report is given")
     else:
         modes = [*args.modes, *(["predicted-heldout"] if args.heldout_model else [])]
-        res = summary = measure(args.m, modes, args.workloads, args.rounds, args.heldout_model)
+        res = summary = measure(args.m, modes, args.workloads, args.rounds, args.heldout_model,
+                                args.save_code)
     Path(args.out).write_text(json.dumps(res, indent=1))
     print(json.dumps(summary))
 
