@@ -22,8 +22,7 @@ alone, L2-cold, the picks run longer on the GPU than ATen on most shapes; the st
 while it stays host-bound. ``LaunchCosts`` models a step as taking the longer of its host time
 (launches times their host cost, from step benchmarks) and its GPU time (fitted to the retimed
 shapes), and gives the Triton picks to those of a graph's GEMMs that keep its step nearest
-the best over the spread of host speeds seen, never modelled slower on any of them than the
-better of ATen alone and each GEMM on its faster kernel by more than ALTERNATIVES_TOLERANCE.
+the best over the spread of host speeds seen.
 """
 
 from __future__ import annotations
@@ -46,11 +45,6 @@ ConfigKey = tuple[int, ...]  # values of CONFIG_KEYS, in that order
 PROBLEM_FIELDS = tuple(f.name for f in fields(GemmProblem))
 # N up to this is "narrow": even 32-wide tiles give at most 64 columns, half an H100/H200's SMs.
 NARROW_N = 2048
-# How much slower than the better of its alternatives (ATen for every GEMM, as Inductor's default
-# gives; each GEMM on whichever of ATen and its Triton config runs it faster on the GPU, as a
-# GPU-timing autotuner gives) a graph's modelled step may be on any host speed seen: the
-# torch.compile step target's 1 % (README, "Where the issue's targets stand").
-ALTERNATIVES_TOLERANCE = 1.01
 
 
 def config_key(kwargs: Mapping[str, int]) -> ConfigKey:
@@ -246,18 +240,6 @@ GPU_FEATURES = ("1", "ceiling us", "K/1000 / SM share")
 
 
 @dataclass(frozen=True)
-class GraphSplit:
-    """A graph's choice (``LaunchCosts.split``): the problems that take their Triton config,
-    and the worst, over the host speeds seen, of the modelled step's ratio to the best choice
-    for that host (``regret``; 1.0: one choice is best on all of them) and to the better of the
-    alternatives (``over_alternatives``)."""
-
-    triton: frozenset[GemmProblem]
-    regret: float
-    over_alternatives: float
-
-
-@dataclass(frozen=True)
 class LaunchCosts:
     """A step's time as the longer of its host time and its GPU time, for a graph's
     host-bound mm run each on ATen or on its Triton config: host time per launch
@@ -273,11 +255,11 @@ class LaunchCosts:
     differed by up to 2x between H200 machines and between processes on one (the step files
     ``step_host_us`` reads). ``host_factors`` is that spread, relative to the median; the
     choice (``triton_problems``) is the one whose step is nearest the best over the whole
-    spread, in the worst case, among those that no host speed in it models slower than the
-    alternatives a user has (``ALTERNATIVES_TOLERANCE``). Without that bound the hedge gave
-    Llama-3-8B's MLP at M=16 all three mm in Triton for the sake of slow hosts, and fast
-    hosts paid 6-7 % over max-autotune's step (data/bench/step_h200_tuned4.json,
-    step_h200_recheck2.json)."""
+    spread, in the worst case. Bounding it instead by the split a GPU-timing autotuner would
+    pick (each mm on its GPU-faster kernel: 1df8a4d) lost 1.27x on a slow host, where
+    max-autotune, whose benchmark times ATen slow, had put every mm in a template
+    (data/bench/step_h200_bounded4.json): max-autotune takes either split between runs, so
+    the best split is the one to stay near."""
 
     aten_host_us: float
     triton_host_us: float
@@ -317,20 +299,23 @@ class LaunchCosts:
 
     def triton_problems(self, gemms: Sequence[tuple[GemmProblem, ConfigKey]]
                         ) -> frozenset[GemmProblem]:
-        """The problems among ``gemms`` that should take their Triton config (``split``)."""
-        return self.split(gemms).triton
+        """The problems among ``gemms`` (one per node; a problem keeps one choice for all its
+        nodes) that should take their Triton config. Each takes host time off the step and
+        adds GPU time, so the candidates are those taking the problems in order of the GPU time
+        each node adds, none to all; of them, the one with the least worst-case ratio to the
+        best candidate's step over ``host_factors`` (ties: fewer Triton problems)."""
+        return self._weigh(gemms)[0]
 
-    def split(self, gemms: Sequence[tuple[GemmProblem, ConfigKey]]) -> "GraphSplit":
-        """Which of ``gemms`` (one per node; a problem keeps one choice for all its nodes)
-        take their Triton config. Each takes host time off the step and adds GPU time, so the
-        candidates are those taking the problems in order of the GPU time each node adds, none
-        to all. Among those whose step stays within ``ALTERNATIVES_TOLERANCE`` of the better of
-        taking none and taking those that add no GPU time (the alternatives: Inductor's default
-        and a GPU-timing autotuner) at every host speed in ``host_factors``, the one with the
-        least worst-case ratio to the best candidate's step there (ties: fewer Triton
-        problems)."""
+    def least_regret(self, gemms: Sequence[tuple[GemmProblem, ConfigKey]]) -> float:
+        """That worst-case ratio for ``triton_problems``' choice: how much slower than the
+        best choice for its host the modelled step may run on some host speed in
+        ``host_factors`` (1.0: one choice is best on all of them)."""
+        return self._weigh(gemms)[1]
+
+    def _weigh(self, gemms: Sequence[tuple[GemmProblem, ConfigKey]]
+               ) -> tuple[frozenset[GemmProblem], float]:
         if not gemms:
-            return GraphSplit(frozenset(), 1.0, 1.0)
+            return frozenset(), 1.0
         penalty: dict[GemmProblem, float] = {}
         for p, c in gemms:
             penalty[p] = self.gpu_us(p, c, True) - self.gpu_us(p, c, False)
@@ -341,14 +326,9 @@ class LaunchCosts:
         sums = [self.host_gpu_us(gemms, [p in s for p, _ in gemms]) for s in takers]
         steps = [[max(host * f, gpu) for f in factors] for host, gpu in sums]
         best = [min(col) for col in zip(*steps)]
-        greedy = sum(penalty[p] <= 0 for p in order)
-        alternative = [min(a, g) for a, g in zip(steps[0], steps[greedy])]
-        over = [max(t / a for t, a in zip(row, alternative)) for row in steps]
-        bound = max(ALTERNATIVES_TOLERANCE, min(over))
         regret = [max(t / b for t, b in zip(row, best)) for row in steps]
-        j = min((j for j in range(len(takers)) if over[j] <= bound),
-                key=lambda j: (round(regret[j], 9), j))
-        return GraphSplit(takers[j], regret[j], over[j])
+        j = min(range(len(takers)), key=lambda j: (round(regret[j], 9), j))
+        return takers[j], regret[j]
 
     def to_json(self) -> dict:
         return {"aten_host_us": self.aten_host_us, "triton_host_us": self.triton_host_us,

@@ -621,7 +621,7 @@ def run_cpu(args) -> dict:
     # that take them (ATen: none do)
     graph_shapes = {"mlp": ((INTER, HIDDEN), (INTER, HIDDEN), (HIDDEN, INTER)),
                     "attn": ((HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN))}
-    graphs, weigh_us, splits = {}, [], {}
+    graphs, weigh_us, regret = {}, [], {}
     costs = h.triton.costs if h.triton is not None else None
     for m in MS:
         for name, shapes in graph_shapes.items():
@@ -633,9 +633,8 @@ def run_cpu(args) -> dict:
             graphs[f"{name}_m{m}"] = (sorted({f"{p.n}x{p.k}" for p in takers}) or "ATen"
                                       if gemms else "-")
             if gemms and costs is not None:
-                split = costs.split([(p, config_key(c)) for p, c in gemms])
-                splits[f"{name}_m{m}"] = {"least_regret": split.regret,
-                                          "over_alternatives": split.over_alternatives}
+                regret[f"{name}_m{m}"] = costs.least_regret([(p, config_key(c))
+                                                             for p, c in gemms])
     return {
         "what": "cutetune heuristics: load and per-node lookup cost at compile time (CPU), and "
                 "the decisions for the torch.compile benchmark's GEMMs",
@@ -653,11 +652,9 @@ def run_cpu(args) -> dict:
         "decisions": decisions,
         "graph_triton": graphs,  # "-": no mm of the graph has a Triton config
         "graph_triton_weigh_us": {"median": statistics.median(weigh_us), "max": max(weigh_us)},
-        # the launch costs' worst-case modelled step, across the host speeds they span, over
-        # the best choice for the host (least_regret; above 1.01, no one choice keeps every
-        # host within 1 %) and over the better of ATen alone and each mm on its GPU-faster
-        # kernel (over_alternatives; at most ALTERNATIVES_TOLERANCE where a choice can be)
-        "graph_triton_split": splits,
+        # the launch costs' worst-case step over the best choice for the host, across the host
+        # speeds they span: above 1.01, no one choice keeps every host within 1 %
+        "graph_triton_least_regret": regret,
     }
 
 
