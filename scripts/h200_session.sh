@@ -47,6 +47,8 @@
 #      asks the table about (scripts/triton_mm_retime.py)
 #   retime_top4  the same with the sweep's four fastest configs beside the pick, so that the
 #      heuristics give each retimed shape the config that ran it fastest
+#   pinned  predicted and reduced mode's steps (the same output code) at M 1 16 128, timed with
+#      and without the timing thread pinned to one CPU
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -67,12 +69,13 @@ bench() {  # bench OUT_NAME EXTRA_ARGS...: every mode (or --modes) at the given 
     --warm-for predicted reduced --save-code "$E2E/code" --budget-s "$(left 20)" "$@" --out "$E2E/$name.json" 2>&1 | tee -a "$E2E/e2e.log"
 }
 host_bound_steps() {  # host_bound_steps TAG RESERVE_S: the GPU tests of host-bound mm, then
-  # every mode's steps in one process at M 1 16 128, leaving RESERVE_S of the call for later
+  # every mode's steps in one process at M 1 16 128, leaving RESERVE_S of the call for later;
+  # timed on one CPU since call pinned (same-code steps differed by 1.1 % pinned, 3.0 % not)
   timeout 150 python -m pytest -m gpu tests/test_inductor.py -k "host_bound" -q \
     -p no:cacheprovider 2>&1 | tail -n 3 | tee "$E2E/gpu_tests_$CALL.log"
   for m in 1 16 128; do
     timeout "$(left "$2")" python scripts/step_ab.py --m "$m" --out "$E2E/ab_$1_m$m.json" \
-      --save-code "$E2E/code_$1" 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
+      --save-code "$E2E/code_$1" --pin-cpu 6 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
   done
 }
 case $CALL in
@@ -185,6 +188,16 @@ print(torch.__version__, 'get_ktc', hasattr(C, 'get_ktc'), \
     host_bound_steps hc "$([ "$CALL" = hostcal ] && echo 10 || echo 150)"
     [ "$CALL" = hostcal ] || bench part_mx --ms 1 128 --modes default predicted \
       --warm-for predicted --skip-overhead ;;
+  pinned)  # host noise with and without the timing thread pinned: predicted and reduced
+    # compile the same code at M <= 128, so their step ratio is the noise (data/reports/gpu/
+    # h200_1gpu_s7: up to 16 % unpinned)
+    for m in 1 16 128; do
+      for pin in none 6; do
+        timeout "$(left 10)" python scripts/step_ab.py --m "$m" --modes predicted reduced \
+          $([ "$pin" = none ] || echo --pin-cpu "$pin") --save-code "$E2E/code_pin$pin" \
+          --out "$E2E/ab_pin${pin}_m$m.json" 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
+      done
+    done ;;
   tune)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \
       -k "gpu_cli or host_bound" -q -s -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.log" ;;

@@ -14,6 +14,8 @@ the same one), the median of rounds reported.
   python scripts/step_ab.py --m 16 --out ab_m16.json [--modes ...] [--workloads mlp attn]
       [--heldout-model HEURISTICS]   (adds mode predicted-heldout: predicted with that file)
       [--save-code DIR]   (each mode's Inductor output code, to tell same-kernel steps apart)
+      [--pin-cpu N]   (the timing thread on CPU N alone: host-bound steps with the same code
+                       differed by up to 16 % unpinned, data/bench/step_h200_bounded4.json)
   python scripts/step_ab.py --report ab_m*.json --out data/bench/step_h200.json
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -68,8 +71,22 @@ def _run_and_capture_code(fn, x):
     return out, codes
 
 
+@contextlib.contextmanager
+def _pinned(cpu: int | None):
+    """The calling thread on ``cpu`` alone meanwhile (None: as it was)."""
+    if cpu is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = None,
-            save_code: Path | None = None) -> dict:
+            save_code: Path | None = None, pin_cpu: int | None = None) -> dict:
     import torch
     from torch._dynamo.utils import counters
 
@@ -78,7 +95,7 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
     torch.manual_seed(0)
     x = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
     res = {"m": m, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "modes": list(modes), "rounds": rounds,
+           "modes": list(modes), "rounds": rounds, "pinned_cpu": pin_cpu,
            "launch_host_us": {"before": launch_host_us()}, "workloads": {}}
     for name in workloads:
         module = _workloads(torch)[name]().to("cuda", torch.bfloat16).eval()
@@ -103,10 +120,11 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
                 recompiled[mode] = counters["stats"]["unique_graphs"] - graphs
             timed = {mode: [] for mode in fns}
             order = list(fns)
-            for r in range(rounds):
-                for mode in order[r % len(order):] + order[:r % len(order)]:
-                    timed[mode].append(_time_calls(torch, fns[mode], x, repeats=3,
-                                                   warmup_s=0.0))
+            with _pinned(pin_cpu):
+                for r in range(rounds):
+                    for mode in order[r % len(order):] + order[:r % len(order)]:
+                        timed[mode].append(_time_calls(torch, fns[mode], x, repeats=3,
+                                                       warmup_s=0.0))
         res["workloads"][name] = {
             "kernels": kernels,
             "graphs_compiled_when_timed": recompiled,
@@ -175,6 +193,8 @@ def main() -> None:
     ap.add_argument("--why", default="", help="why --drop-modes' timings do not count")
     ap.add_argument("--save-code", type=Path, metavar="DIR",
                     help="write each mode's Inductor output code there")
+    ap.add_argument("--pin-cpu", type=int, metavar="N",
+                    help="time on CPU N alone (compiles stay unpinned)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.drop_modes and not args.why:
@@ -191,7 +211,7 @@ def main() -> None:
     else:
         modes = [*args.modes, *(["predicted-heldout"] if args.heldout_model else [])]
         res = summary = measure(args.m, modes, args.workloads, args.rounds, args.heldout_model,
-                                args.save_code)
+                                args.save_code, args.pin_cpu)
     Path(args.out).write_text(json.dumps(res, indent=1))
     print(json.dumps(summary))
 
