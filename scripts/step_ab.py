@@ -78,6 +78,9 @@ def _pinned(cpu: int | None):
         yield
         return
     before = os.sched_getaffinity(0)
+    if cpu not in before:
+        raise ValueError(f"cannot pin to CPU {cpu}: this process may run on CPUs "
+                         f"{sorted(before)} only")
     os.sched_setaffinity(0, {cpu})
     try:
         yield

@@ -105,6 +105,25 @@ def test_step_targets_from_one_process_results():
     assert abs(big["value"] - (0.96 * 0.975) ** 0.5) < 1e-12
 
 
+def test_step_timing_pins_to_one_cpu_and_restores():
+    """--pin-cpu: the timing thread runs on the given CPU alone and gets its CPUs back after;
+    a CPU the process may not use is named in the error."""
+    import os
+
+    ab = _step_ab()
+    allowed = os.sched_getaffinity(0)
+    cpu = max(allowed)
+    with ab._pinned(cpu):
+        assert os.sched_getaffinity(0) == {cpu}
+    assert os.sched_getaffinity(0) == allowed
+    with ab._pinned(None):
+        assert os.sched_getaffinity(0) == allowed
+    with pytest.raises(ValueError, match=f"cannot pin to CPU {max(allowed) + 1}"):
+        with ab._pinned(max(allowed) + 1):
+            pass
+    assert os.sched_getaffinity(0) == allowed
+
+
 def test_modes_compiled_again_when_timed_do_not_count():
     ab = _step_ab()
     wl = {"step_us": {"default": 100.0, "max-autotune": 90.0, "predicted": 99.0,
