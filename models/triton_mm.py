@@ -27,6 +27,7 @@ the best over the spread of host speeds seen.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -100,11 +101,13 @@ def m_bucket(m: int) -> int:
 
 
 def _read_rows(path: str | os.PathLike, what: str, parse: Callable[[dict], object]) -> list:
-    """``parse(row)`` of each JSON line of ``path`` that recorded no error, where it returns
-    something. ValueError names the file and line of a corrupt row."""
+    """``parse(row)`` of each JSON line of ``path`` (gzip-compressed where it ends in .gz)
+    that recorded no error, where it returns something. ValueError names the file and line of
+    a corrupt row."""
     out = []
     p = Path(path)
-    for i, line in enumerate(p.read_text().splitlines(), 1):
+    text = gzip.decompress(p.read_bytes()).decode() if p.suffix == ".gz" else p.read_text()
+    for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -25,7 +25,7 @@
 #   triton  (next session) Inductor's timings of ATen and each Triton mm config on small-M LLM
 #      shapes (scripts/triton_mm_sweep.py), after a probe of the InductorChoices API it relies on
 #   sweep2  the same at M=32 for the families swept, then three more families (kk only);
-#      appended locally to data/triton_mm/h200_bf16.jsonl
+#      appended locally to data/triton_mm/h200_bf16.jsonl (since stored gzip -9n as .jsonl.gz)
 #   verify  (after predicted mode took Triton configs from the heuristics' table) the GPU tests of
 #      host-bound mm, every mode's steps in one process at M 1 16 128 plus predicted mode with
 #      a table fitted without Llama-3-8B (predicted-heldout), then compile times at M 1 128
@@ -160,7 +160,7 @@ print(torch.__version__, 'get_ktc', hasattr(C, 'get_ktc'), \
   verify)
     timeout 150 python -m pytest -m gpu tests/test_inductor.py -k "host_bound" -q \
       -p no:cacheprovider 2>&1 | tail -n 3 | tee "$E2E/gpu_tests_triton.log"
-    python scripts/triton_mm_report.py --sweep data/triton_mm/h200_bf16.jsonl \
+    python scripts/triton_mm_report.py --sweep data/triton_mm/h200_bf16.jsonl.gz \
       --out "$E2E/triton_mm_report.json" --heldout-family llama3_8b \
       --heldout-heuristics "$E2E/heuristics_without_llama3_8b.json" > /dev/null
     for m in 1 16 128; do
@@ -170,7 +170,7 @@ print(torch.__version__, 'get_ktc', hasattr(C, 'get_ktc'), \
     done
     bench part_tt --ms 1 128 --modes default predicted --warm-for predicted --skip-overhead ;;
   order)
-    python scripts/triton_mm_report.py --sweep data/triton_mm/h200_bf16.jsonl \
+    python scripts/triton_mm_report.py --sweep data/triton_mm/h200_bf16.jsonl.gz \
       --out "$E2E/triton_mm_report.json" --heldout-family llama3_8b \
       --heldout-heuristics "$E2E/heuristics_without_llama3_8b.json" > /dev/null
     for spec in "attn 1" "attn 16" "mlp 128"; do
@@ -203,7 +203,7 @@ print(torch.__version__, 'get_ktc', hasattr(C, 'get_ktc'), \
       -k "gpu_cli or host_bound" -q -s -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.log" ;;
   retime|retime_top4)
     top=$([ "$CALL" = retime ] && echo 1 || echo 4)
-    timeout "$(left 10)" python scripts/triton_mm_retime.py --sweep data/triton_mm/h200_bf16.jsonl \
+    timeout "$(left 10)" python scripts/triton_mm_retime.py --sweep data/triton_mm/h200_bf16.jsonl.gz \
       --top "$top" --out "$E2E/h200_bf16_retimed${CALL#retime}.jsonl" --budget-s "$(left 60)" \
       2>&1 | tee "$E2E/retime.log" ;;
 esac

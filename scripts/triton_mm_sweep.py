@@ -12,6 +12,8 @@ Inductor measured for every choice, and the compiled result is checked against t
       [--families llama3_8b ...] [--ms 1 4 16 ...] [--majors kk kn]
 
 Rows are appended one shape at a time; shapes already in --out are skipped (resumable).
+The committed H200 sweep is that file compressed (gzip -9n): data/triton_mm/h200_bf16.jsonl.gz;
+every reader of a sweep takes either.
 """
 
 from __future__ import annotations

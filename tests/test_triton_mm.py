@@ -3,6 +3,7 @@ sweep, held-out scoring, the heuristics file that carries it, and the decision t
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -67,6 +68,9 @@ def test_load_sweep_skips_errors_and_failed_configs(tmp_path):
     bad.write_text(json.dumps(ROWS[0]) + "\n{not json\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:2"):
         load_sweep(bad)
+    packed = tmp_path / "s.jsonl.gz"  # a committed sweep is stored compressed
+    packed.write_bytes(gzip.compress(p.read_bytes()))
+    assert load_sweep(packed) == shapes
     # reduced mode's benchmark of a graph the launch costs gave Triton holds no ATen choice
     triton_only = sweep_row(4, 4096, 4096, 1.0, {"Y": 9.0})
     triton_only["choices"] = [c for c in triton_only["choices"] if c["kind"] != "aten"]
