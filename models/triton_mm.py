@@ -46,6 +46,11 @@ ConfigKey = tuple[int, ...]  # values of CONFIG_KEYS, in that order
 PROBLEM_FIELDS = tuple(f.name for f in fields(GemmProblem))
 # N up to this is "narrow": even 32-wide tiles give at most 64 columns, half an H100/H200's SMs.
 NARROW_N = 2048
+# The largest M whose step times say how fast the host issues launches: the Triton table serves
+# M buckets up to 256 (scripts/triton_mm_sweep.py), and from M=1024 the benchmark's steps are
+# GPU-bound, their host time the launch queue filling up (data/bench/step_h200.json: per-launch
+# host times up to 2.4x the median).
+STEP_HOST_MAX_M = 256
 
 
 def config_key(kwargs: Mapping[str, int]) -> ConfigKey:
@@ -106,14 +111,19 @@ def _read_rows(path: str | os.PathLike, what: str, parse: Callable[[dict], objec
     a corrupt row."""
     out = []
     p = Path(path)
-    text = gzip.decompress(p.read_bytes()).decode() if p.suffix == ".gz" else p.read_text()
+    try:
+        text = gzip.decompress(p.read_bytes()).decode() if p.suffix == ".gz" else p.read_text()
+    except (EOFError, gzip.BadGzipFile, UnicodeDecodeError) as e:
+        raise ValueError(f"corrupt {what} file {p}: {type(e).__name__}: {e}") from None
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
+            if not isinstance(row, dict):
+                raise TypeError(f"a JSON object expected, not {type(row).__name__}")
             item = None if "error" in row else parse(row)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"corrupt {what} row {p}:{i}: {type(e).__name__}: {e}") from None
         if item is not None:
             out.append(item)
@@ -200,11 +210,12 @@ class RetimedShape:
 
 def load_retimed(path: str | os.PathLike) -> list[RetimedShape]:
     """Each Triton config timed beside ATen in a retime file (JSON lines), one RetimedShape
-    apiece; rows that recorded an error, or timed no ATen, are skipped. ValueError names the
-    file and line of a corrupt row."""
+    apiece; rows that recorded an error, or timed no ATen, are skipped, and so are configs
+    without a time (not finite and positive: a failed run). ValueError names the file and
+    line of a corrupt row."""
     def parse(row: dict) -> list[RetimedShape] | None:
         timed = row.get("timed", {})
-        if "aten" not in timed:
+        if "aten" not in timed or not _timed(float(timed["aten"]["ms"])):
             return None
         majors = str(row["majors"])
         problem = GemmProblem(int(row["m"]), int(row["n"]), int(row["k"]), 1, str(row["dtype"]),
@@ -212,7 +223,8 @@ def load_retimed(path: str | os.PathLike) -> list[RetimedShape]:
                               device_for(str(row["device"])).arch)
         return [RetimedShape(problem, config_key(t["config"]), float(timed["aten"]["ms"]) * 1e3,
                              float(t["ms"]) * 1e3, name)
-                for name, t in timed.items() if name != "aten"] or None
+                for name, t in timed.items() if name != "aten" and _timed(float(t["ms"]))
+                ] or None
 
     return [r for rows in _read_rows(path, "retime", parse) for r in rows]
 
@@ -347,16 +359,26 @@ class LaunchCosts:
         coefs = [tuple(float(x) for x in d[k]) for k in ("aten_coef", "triton_coef")]
         if any(len(c) != n for c in coefs):
             raise ValueError(f"launch-cost coefficients need {n} values each ({GPU_FEATURES})")
+        if not all(math.isfinite(x) for c in coefs for x in c):
+            raise ValueError("launch-cost coefficients are not all finite")
         lo, hi = (float(x) for x in d["host_factors"])
-        if not 0 < lo <= hi:
+        if not 0 < lo <= hi < math.inf:
             raise ValueError(f"host factors {d['host_factors']} are not 0 < low <= high")
+        host = float(d["aten_host_us"]), float(d["triton_host_us"])
         measured = tuple(RetimedShape(GemmProblem(**{f: r[f] for f in PROBLEM_FIELDS}),
                                       tuple(int(x) for x in r["config"]),
                                       float(r["aten_us"]), float(r["triton_us"]),
                                       str(r["variant"]))
                          for r in d["measured"])
-        return cls(float(d["aten_host_us"]), float(d["triton_host_us"]), *coefs, (lo, hi),
-                   measured)
+        for r in measured:
+            if len(r.config) != len(CONFIG_KEYS):
+                raise ValueError(f"measured config {list(r.config)} needs {len(CONFIG_KEYS)} "
+                                 f"values ({', '.join(CONFIG_KEYS)})")
+            if not (_timed(r.aten_us) and _timed(r.triton_us)):
+                raise ValueError(f"measured times of {r.problem.key()} are not positive")
+        if not all(_timed(x) for x in host):
+            raise ValueError(f"host costs {list(host)} are not positive")
+        return cls(*host, *coefs, (lo, hi), measured)
 
 
 def fit_launch_costs(retimed: Sequence[RetimedShape], host: "StepHostCosts") -> LaunchCosts:
@@ -392,21 +414,30 @@ class StepHostCosts:
 
 
 def step_host_us(reports: Iterable[Mapping]) -> StepHostCosts:
-    """Host costs from step benchmarks (scripts/step_ab.py parts): every compiled mode that
-    ran all of a workload's GEMMs on ATen, or all in Triton templates, gives its host time
-    divided by the GEMM count. The host time includes the step's other launches (an epilogue
-    ATen cannot fuse), so it is what a GEMM costs a step, not a bare launch. The spread is
-    taken per workload and kind, so that a graph with more launches per GEMM does not count
-    as a slower host."""
+    """Host costs from step benchmarks (``scripts/step_ab.py --report`` files): every compiled
+    mode that ran all of a workload's GEMMs on ATen, or all in Triton templates, gives its
+    host time divided by the GEMM count. The host time includes the step's other launches (an
+    epilogue ATen cannot fuse), so it is what a GEMM costs a step, not a bare launch. The
+    spread is taken per workload and kind, so that a graph with more launches per GEMM does
+    not count as a slower host. A mode the report does not count, or that ran code compiled
+    again when timed, says nothing of its kernels; a step above ``STEP_HOST_MAX_M`` nothing
+    of the host."""
     seen: dict[tuple[str, str], list[float]] = {}
-    for part in reports:
-        for name, w in part["workloads"].items():
-            for mode, k in w["kernels"].items():
-                n = k["aten"] + k["triton_template"] + k["quack"]
-                kind = ("aten" if n and k["aten"] == n else
-                        "triton" if n and k["triton_template"] == n else None)
-                if kind:
-                    seen.setdefault((name, kind), []).append(w["host_us"][mode] / n)
+    for report in reports:
+        dropped = set(report.get("not_counted", {}).get("modes", ()))
+        for part in report["parts"]:
+            if part["m"] > STEP_HOST_MAX_M:
+                continue
+            for name, w in part["workloads"].items():
+                again = w.get("graphs_compiled_when_timed", {})
+                for mode, k in w["kernels"].items():
+                    if mode in dropped or again.get(mode, 0):
+                        continue
+                    n = k["aten"] + k["triton_template"] + k["quack"]
+                    kind = ("aten" if n and k["aten"] == n else
+                            "triton" if n and k["triton_template"] == n else None)
+                    if kind:
+                        seen.setdefault((name, kind), []).append(w["host_us"][mode] / n)
     if not any(kind == "aten" for _, kind in seen) or not any(
             kind == "triton" for _, kind in seen):
         raise ValueError("no step benchmark ran a workload on ATen alone and one on Triton "

@@ -155,7 +155,12 @@ def step_targets(parts: list[dict], drop=()) -> dict:
     """The issue's step-time targets (bench_e2e.LIMITS) per workload over one-process results
     (one per M) and their ``counted_steps``; a check needs the modes it compares in the same
     result. predicted-heldout, where measured, is held to the predicted-mode limit too (not an
-    issue target: it shows what shapes the Triton table was not fitted on get)."""
+    issue target: it shows what shapes the Triton table was not fitted on get). ValueError where
+    two results share an M: one would hide the other."""
+    ms = [p["m"] for p in parts]
+    if len(set(ms)) != len(ms):
+        raise ValueError(f"results at M {sorted(m for m in set(ms) if ms.count(m) > 1)} more "
+                         "than once: report each run of an M on its own")
     out = {}
     for wl in sorted({w for p in parts for w in p["workloads"]}):
         pred_best, red_pred, big, heldout = {}, {}, [], {}
@@ -202,10 +207,18 @@ def main() -> None:
     args = ap.parse_args()
     if args.drop_modes and not args.why:
         raise SystemExit("--drop-modes needs --why")
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
+    if args.pin_cpu is not None and args.pin_cpu not in os.sched_getaffinity(0):
+        raise SystemExit(f"--pin-cpu {args.pin_cpu}: this process may run on CPUs "
+                         f"{sorted(os.sched_getaffinity(0))} only")
     if args.report:
         parts = [json.loads(Path(f).read_text()) for f in args.report]
-        res = {"parts": sorted(parts, key=lambda p: p["m"]),
-               "targets": step_targets(parts, set(args.drop_modes))}
+        try:
+            targets = step_targets(parts, set(args.drop_modes))
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        res = {"parts": sorted(parts, key=lambda p: p["m"]), "targets": targets}
         if args.drop_modes:
             res["not_counted"] = {"modes": args.drop_modes, "why": args.why}
         summary = res["targets"]

@@ -103,6 +103,8 @@ def test_step_targets_from_one_process_results():
     big = t["predicted_step_geomean_m_ge_1024_over_best"]
     assert big["checked"] == 2 and big["met"] is True
     assert abs(big["value"] - (0.96 * 0.975) ** 0.5) < 1e-12
+    with pytest.raises(ValueError, match=r"M \[16\] more than once"):
+        ab.step_targets([*parts, part(16, default=100.0, predicted=130.0)])
 
 
 def test_step_timing_pins_to_one_cpu_and_restores():

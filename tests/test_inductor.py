@@ -108,6 +108,8 @@ def test_save_load_round_trip(tmp_path):
     (lambda d: {**d, "cells": [[0, 999]] + d["cells"][1:]}, "bad entry"),
     (lambda d: {**d, "arch": "sm80"}, "unsupported arch"),
     (lambda d: {k: v for k, v in d.items() if k != "grid"}, "corrupt"),
+    (lambda d: {**d, "exact": []}, "corrupt"),
+    (lambda d: {**d, "configs": [c[:-1] for c in d["configs"]]}, "configs need"),
 ])
 def test_bad_files_give_clear_errors(tmp_path, edit, match):
     d = hz.build(FakeModel(), "sm90", "bf16", grid=SMALL).to_json()
@@ -606,6 +608,8 @@ def test_feedback_appends_triton_sweep_rows(fake_gpu, tmp_path, monkeypatch):
     rec(timings, "mm", aten.input_nodes, list(timings), None, {})
     rec(timings, "mm", aten.input_nodes, list(timings), None, {})  # cached replay: no new row
     rec({aten: 0.02}, "mm", aten.input_nodes, [aten], None, {})  # no Triton choice: no row
+    again = ci.FeedbackRecorder(tmp_path / "fb")  # another process's replay: no new row either
+    again(timings, "mm", aten.input_nodes, list(timings), None, {})
     (shape,) = load_sweep(tmp_path / "fb" / ci.TRITON_FEEDBACK)
     assert (shape.m, shape.n, shape.k, shape.majors, shape.device) == (16, 512, 256, "kn",
                                                                        "NVIDIA H200")

@@ -192,6 +192,14 @@ def test_launch_costs_take_triton_while_the_step_stays_host_bound():
         LaunchCosts.from_json({**costs.to_json(), "aten_coef": [1.0]})
     with pytest.raises(ValueError, match="host factors"):
         LaunchCosts.from_json({**costs.to_json(), "host_factors": [1.5, 0.8]})
+    with pytest.raises(ValueError, match="not all finite"):
+        LaunchCosts.from_json({**costs.to_json(), "triton_coef": [0.0, float("nan"), 0.0]})
+    measured = {**problem(1, 4096).to_dict(), "aten_us": 10.0, "triton_us": 12.0,
+                "variant": "pick"}
+    for row, match in (({**measured, "config": list(key(Y))[:5]}, "needs 6 values"),
+                       ({**measured, "config": list(key(Y)), "aten_us": 0.0}, "not positive")):
+        with pytest.raises(ValueError, match=match):
+            LaunchCosts.from_json({**costs.to_json(), "measured": [row]})
 
 
 def test_launch_costs_hedge_over_the_host_speeds_seen():
@@ -238,12 +246,24 @@ def test_step_host_us_reads_workloads_all_aten_and_all_triton():
                         "mlp": ((3, 0), (0, 3), 90.0, 66.0)}),
              step_part({"attn": ((4, 0), (0, 4), 140.0, 100.0),
                         "mixed": ((2, 1), (1, 2), 1e6, 1e6)})]  # neither all ATen nor Triton
-    host = step_host_us(parts)
+    host = step_host_us([{"parts": parts}])
     assert (host.aten_us, host.triton_us) == (pytest.approx(30.0), pytest.approx(22.0))
     # spread per workload and kind: attn's ATen 25 and 35 around 30, its Triton 15 and 25
     assert host.factors == (pytest.approx(15 / 20), pytest.approx(25 / 20))
     with pytest.raises(ValueError, match="no step benchmark"):
-        step_host_us([step_part({"mixed": ((3, 0), (1, 2), 1.0, 1.0)})])
+        step_host_us([{"parts": [step_part({"mixed": ((3, 0), (1, 2), 1.0, 1.0)})]}])
+    # what says nothing of the host: a GPU-bound M, a mode the report does not count, a mode
+    # timed on code compiled again
+    gpu_bound = step_part({"attn": ((4, 0), (0, 4), 900.0, 900.0)}, m=1024)
+    not_counted = step_part({"attn": ((4, 0), (0, 4), 100.0, 900.0)})
+    again = step_part({"attn": ((4, 0), (0, 4), 100.0, 900.0)})
+    again["workloads"]["attn"]["graphs_compiled_when_timed"] = {"predicted": 1}
+    more = [{"parts": [gpu_bound]}, {"parts": [not_counted], "not_counted": {
+        "modes": ["predicted"], "why": "timed on the default's code"}}, {"parts": [again]}]
+    with_more = step_host_us([{"parts": parts}, *more])
+    # the defaults of the last two count: attn's ATen 25, 35, 25, 25 around 25
+    assert with_more.triton_us == pytest.approx(22.0)
+    assert with_more.factors == (pytest.approx(15 / 20), pytest.approx(35 / 25))
 
 
 def test_load_retimed_skips_errors_and_names_a_corrupt_line(tmp_path):
@@ -261,6 +281,19 @@ def test_load_retimed_skips_errors_and_names_a_corrupt_line(tmp_path):
     bad = write(tmp_path / "bad.jsonl", [ok, {**ok, "timed": {**timed, "pick": {"ms": 1}}}])
     with pytest.raises(ValueError, match=r"bad.jsonl:2"):
         load_retimed(bad)
+    # a config that failed (no finite positive time) is no measurement, nor is ATen's
+    failed = {**timed, "pick": {"ms": float("nan"), "config": Y}}
+    (only,) = load_retimed(write(tmp_path / "f.jsonl", [{**ok, "timed": failed}, {
+        **ok, "m": 2, "timed": {**timed, "aten": {"ms": 0.0}}}]))
+    assert only.variant == "sweep_best"
+    array = tmp_path / "a.jsonl"
+    array.write_text("[1, 2]\n")
+    with pytest.raises(ValueError, match=r"a.jsonl:1: TypeError: a JSON object expected"):
+        load_retimed(array)
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(path.read_bytes())[:-8])
+    with pytest.raises(ValueError, match=r"corrupt retime file .*cut.jsonl.gz: EOFError"):
+        load_retimed(cut)
 
 
 def test_table_without_launch_costs_never_gives_triton(tmp_path):
@@ -404,6 +437,28 @@ def test_cli_emit_adds_the_triton_table(tmp_path, monkeypatch):
     steps.write_text("{}")
     assert main(["emit", "--model", str(model_file), "--out", str(out),
                  "--triton-sweep", str(sweep), *costs]) == 2
+
+
+def test_packaged_heuristics_weigh_each_dtype_by_its_own_file(monkeypatch):
+    """A graph mixing bf16 and fp16 mm: each file weighs its own dtype's GEMMs (one file
+    asked about the other's would refuse them, and the graph would lose every Triton
+    config)."""
+    from cutetune.tuner.heuristics import PackagedHeuristics
+
+    class File:
+        def __init__(self, dtype):
+            self.dtype = dtype
+
+        def triton_problems(self, gemms):
+            assert {p.dtype for p, _ in gemms} == {self.dtype}
+            return frozenset(p for p, _ in gemms if p.n == 4096)
+
+    h = PackagedHeuristics()
+    monkeypatch.setattr(h, "_file", lambda p: File(p.dtype))
+    bf16, fp16 = problem(1, 4096), GemmProblem(1, 4096, 4096, 1, "fp16", "fp16", "k", "k")
+    narrow = problem(1, 1024)
+    assert h.triton_problems([(bf16, Y), (fp16, Y), (narrow, Y)]) == {bf16, fp16}
+    assert h.triton_problems([]) == frozenset()
 
 
 def test_retime_times_each_shapes_pick_and_the_sweeps_fastest_config_once(tmp_path):

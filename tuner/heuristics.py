@@ -208,7 +208,7 @@ class Heuristics:
             return cls._from_json(d, _digest(raw))
         except HeuristicsError as e:
             raise HeuristicsError(f"{p}: {e}") from None
-        except (KeyError, TypeError, ValueError, IndexError) as e:
+        except (AttributeError, KeyError, TypeError, ValueError, IndexError) as e:
             raise HeuristicsError(f"corrupt heuristics file {p}: {type(e).__name__}: {e}") from None
 
     @classmethod
@@ -228,6 +228,9 @@ class Heuristics:
         if tuple(g["majors"]) != MAJORS:
             raise HeuristicsError(f"grid majors {g['majors']} differ from {list(MAJORS)}")
         grid = Grid(*(tuple(g[name]) for name in ("batch", "m", "n", "k")))
+        if any(len(c) != len(CONFIG_FIELDS) for c in d["configs"]):
+            raise HeuristicsError(f"configs need {len(CONFIG_FIELDS)} values each "
+                                  f"({', '.join(CONFIG_FIELDS)})")
         configs = tuple(KernelConfig(*c) for c in d["configs"])
         n_cfg = len(configs)
 
@@ -284,7 +287,12 @@ class PackagedHeuristics:
 
     def triton_problems(self, gemms: list[tuple[GemmProblem, dict[str, int]]]
                         ) -> frozenset[GemmProblem]:
-        return self._file(gemms[0][0]).triton_problems(gemms) if gemms else frozenset()
+        """Each (arch, dtype)'s GEMMs weighed by its own file's launch costs."""
+        by_file: dict[tuple[str, str], list] = {}
+        for g in gemms:
+            by_file.setdefault((g[0].arch, g[0].dtype), []).append(g)
+        return frozenset().union(*(self._file(g[0][0]).triton_problems(g)
+                                   for g in by_file.values()))
 
     def _file(self, problem: GemmProblem) -> Heuristics:
         pair = (problem.arch, problem.dtype)
@@ -433,8 +441,13 @@ def _triton_table(args) -> TritonTable:
                     rows.setdefault(r.problem, []).append(r)
             latest.update(rows)
         retimed = [r for rows in latest.values() for r in rows]
-        steps = read(args.triton_steps, lambda p: json.loads(Path(p).read_text())["parts"],
-                     "step benchmark")
+        def step_report(path) -> list[dict]:
+            report = json.loads(Path(path).read_text())
+            if not isinstance(report, dict) or not isinstance(report.get("parts"), list):
+                raise ValueError("not a scripts/step_ab.py --report file (no parts)")
+            return [report]
+
+        steps = read(args.triton_steps, step_report, "step benchmark")
         try:
             costs = fit_launch_costs(retimed, step_host_us(steps))
         except ValueError as e:

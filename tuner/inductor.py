@@ -45,6 +45,7 @@ there, or Inductor compiles it after the block with the previous choices.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import os
@@ -418,10 +419,11 @@ class CuteTuneChoices(InductorChoices):
         """Once per graph: which problems of its mm that predicted mode would give a Triton
         config take it, all weighed together (the heuristics' ``triton_problems``: a Triton
         launch saves host time but costs GPU time, which only a host-bound step can spare).
-        Reduced mode benchmarks Inductor's Triton list only for those, and without ATen: its
-        benchmark times the GPU alone. None where the heuristics source cannot answer (no
+        Reduced mode takes the config of those the retime measured, like predicted mode, and
+        benchmarks Inductor's Triton list for the rest of them, without ATen: its benchmark
+        times the GPU alone. None where the heuristics source cannot answer (no
         ``triton_problems``): predicted mode then takes its configs and reduced mode
-        benchmarks them beside ATen."""
+        benchmarks Inductor's Triton list beside ATen."""
         graph = V.graph
         if graph not in self._graph_triton:
             weigh = getattr(self.heuristics, "triton_problems", None)
@@ -465,7 +467,7 @@ def host_bound_us() -> float:
 DECISION_MODULES = ("cutetune.tuner.inductor", "cutetune.tuner.launcher",
                     "cutetune.tuner.heuristics", "cutetune.models.triton_mm",
                     "cutetune.space.features", "cutetune.space.rules", "cutetune.space.config",
-                    "cutetune.space.problem")
+                    "cutetune.space.problem", "cutetune.space.device")
 
 
 @lru_cache(maxsize=None)
@@ -508,7 +510,7 @@ class FeedbackRecorder:
         self.path = Path(path)
         self.run_id = uuidlib.uuid4().hex[:12]
         self._seen: set[tuple] | None = None
-        self._triton_seen: set[tuple] = set()
+        self._triton_seen: set[tuple] | None = None
         self._env: dict | None = None
 
     def _load_seen(self) -> set[tuple]:
@@ -519,6 +521,23 @@ class FeedbackRecorder:
         t = load(self.path, columns=["suite", "problem_key", "backend", "config_key", "time_ms"])
         return {(pk, b, ck, tm) for s, pk, b, ck, tm in zip(*(t.column(c).to_pylist() for c in (
             "suite", "problem_key", "backend", "config_key", "time_ms"))) if s == FEEDBACK_SUITE}
+
+    @staticmethod
+    def _triton_key(row: dict) -> tuple:
+        return (row["m"], row["n"], row["k"], row["majors"],
+                tuple((c["name"], c["ms"]) for c in row["choices"]))
+
+    def _load_triton_seen(self) -> set[tuple]:
+        """The keys of the Triton rows already in the file (earlier processes' replays too); a
+        line that does not parse is left for ``load_sweep`` to name, not fed back again."""
+        seen = set()
+        path = self.path / TRITON_FEEDBACK
+        for line in path.read_text().splitlines() if path.exists() else ():
+            try:
+                seen.add(self._triton_key(json.loads(line)))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+        return seen
 
     def _problem(self, input_nodes) -> GemmProblem | None:
         """The benchmarked node's GemmProblem (None where quack could not run it), with this
@@ -578,8 +597,9 @@ class FeedbackRecorder:
 
         triton = self.triton_row(timings, name, input_nodes)
         if triton is not None:
-            key = (triton["m"], triton["n"], triton["k"], triton["majors"],
-                   tuple((c["name"], c["ms"]) for c in triton["choices"]))
+            if self._triton_seen is None:
+                self._triton_seen = self._load_triton_seen()
+            key = self._triton_key(triton)
             if key not in self._triton_seen:
                 self._triton_seen.add(key)
                 append_row(self.path / TRITON_FEEDBACK, triton)
