@@ -215,13 +215,14 @@ def load_retimed(path: str | os.PathLike) -> list[RetimedShape]:
     line of a corrupt row."""
     def parse(row: dict) -> list[RetimedShape] | None:
         timed = row.get("timed", {})
-        if "aten" not in timed or not _timed(float(timed["aten"]["ms"])):
+        aten_ms = float(timed["aten"]["ms"]) if "aten" in timed else math.inf
+        if not _timed(aten_ms):
             return None
         majors = str(row["majors"])
         problem = GemmProblem(int(row["m"]), int(row["n"]), int(row["k"]), 1, str(row["dtype"]),
                               str(row["dtype"]), majors[0], majors[1],
                               device_for(str(row["device"])).arch)
-        return [RetimedShape(problem, config_key(t["config"]), float(timed["aten"]["ms"]) * 1e3,
+        return [RetimedShape(problem, config_key(t["config"]), aten_ms * 1e3,
                              float(t["ms"]) * 1e3, name)
                 for name, t in timed.items() if name != "aten" and _timed(float(t["ms"]))
                 ] or None

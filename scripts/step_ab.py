@@ -71,16 +71,22 @@ def _run_and_capture_code(fn, x):
     return out, codes
 
 
+def _allowed_cpus(cpu: int) -> set[int]:
+    """The CPUs this thread may run on, which must hold ``cpu`` (ValueError naming them)."""
+    allowed = os.sched_getaffinity(0)
+    if cpu not in allowed:
+        raise ValueError(f"cannot pin to CPU {cpu}: this process may run on CPUs "
+                         f"{sorted(allowed)} only")
+    return allowed
+
+
 @contextlib.contextmanager
 def _pinned(cpu: int | None):
     """The calling thread on ``cpu`` alone meanwhile (None: as it was)."""
     if cpu is None:
         yield
         return
-    before = os.sched_getaffinity(0)
-    if cpu not in before:
-        raise ValueError(f"cannot pin to CPU {cpu}: this process may run on CPUs "
-                         f"{sorted(before)} only")
+    before = _allowed_cpus(cpu)
     os.sched_setaffinity(0, {cpu})
     try:
         yield
@@ -209,15 +215,15 @@ def main() -> None:
         raise SystemExit("--drop-modes needs --why")
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
-    if args.pin_cpu is not None and args.pin_cpu not in os.sched_getaffinity(0):
-        raise SystemExit(f"--pin-cpu {args.pin_cpu}: this process may run on CPUs "
-                         f"{sorted(os.sched_getaffinity(0))} only")
     if args.report:
         parts = [json.loads(Path(f).read_text()) for f in args.report]
-        try:
-            targets = step_targets(parts, set(args.drop_modes))
-        except ValueError as e:
-            raise SystemExit(str(e)) from None
+    try:
+        if args.pin_cpu is not None:
+            _allowed_cpus(args.pin_cpu)  # before any compile
+        targets = step_targets(parts, set(args.drop_modes)) if args.report else None
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if args.report:
         res = {"parts": sorted(parts, key=lambda p: p["m"]), "targets": targets}
         if args.drop_modes:
             res["not_counted"] = {"modes": args.drop_modes, "why": args.why}

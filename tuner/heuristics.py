@@ -424,6 +424,12 @@ def _triton_table(args) -> TritonTable:
                 raise UserError(f"{what} {path}: {type(e).__name__}: {e}") from None
         return out
 
+    def step_report(path) -> list[dict]:
+        report = json.loads(Path(path).read_text())
+        if not isinstance(report, dict) or not isinstance(report.get("parts"), list):
+            raise ValueError("not a scripts/step_ab.py --report file (no parts)")
+        return [report]
+
     swept = read(args.triton_sweep, load_sweep, "Triton sweep")
     shapes = predicted_triton_shapes(swept, args.arch, args.dtype)
     if not shapes:
@@ -441,12 +447,6 @@ def _triton_table(args) -> TritonTable:
                     rows.setdefault(r.problem, []).append(r)
             latest.update(rows)
         retimed = [r for rows in latest.values() for r in rows]
-        def step_report(path) -> list[dict]:
-            report = json.loads(Path(path).read_text())
-            if not isinstance(report, dict) or not isinstance(report.get("parts"), list):
-                raise ValueError("not a scripts/step_ab.py --report file (no parts)")
-            return [report]
-
         steps = read(args.triton_steps, step_report, "step benchmark")
         try:
             costs = fit_launch_costs(retimed, step_host_us(steps))
