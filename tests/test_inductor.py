@@ -518,6 +518,51 @@ def test_a_graphs_mm_get_triton_templates_only_where_its_step_gains(fake_gpu, mo
             assert [name for name, _ in kernels] == ["extern_kernels.mm"] * 2
 
 
+def test_reduced_keeps_aten_behind_triton_templates_benchmarked_without_it(
+        fake_gpu, tmp_path, monkeypatch):
+    """Where a graph gives a host-bound mm the Triton templates and reduced mode benchmarks them
+    without ATen, ATen stays behind them as a LastResortCaller: ranked last without running
+    (no tensors needed), under a cache key of its own, left out of feedback, and lowered as
+    ATen's mm where it is taken (on a GPU, when every template failed)."""
+    import torch._inductor.utils as iu
+    from torch._inductor.choices import InductorChoices
+    from torch._inductor.kernel.mm import mm_template
+
+    monkeypatch.setattr(iu, "is_big_gpu", lambda *a, **k: True)
+    monkeypatch.setattr(ci, "QUACK_LAUNCH_HOST_US", 48.0)
+    original = InductorChoices.get_template_configs
+    template = FakeTritonChoice("triton_mm_0", **TritonHeuristics.CONFIG)
+
+    def stand_in(self, kernel_inputs, templates, op_name, kwarg_overrides=None):
+        if [t.uid for t in templates] == [mm_template.uid]:
+            return [template]  # CPU torch generates no Triton choice
+        return original(self, kernel_inputs, templates, op_name, kwarg_overrides)
+
+    monkeypatch.setattr(InductorChoices, "get_template_configs", stand_in)
+    seen, cache = [], sa.get_algorithm_selector_cache()
+    cache.add_preprocessing_fn(lambda cs: seen.append(list(cs)) or cs[-1:])
+    try:
+        with ci.enable("reduced", model=GraphTritonHeuristics((1024,)), prefetch=False):
+            kernels = lower(lambda a, b: a @ b, row(16, 1024), row(1024, 1024))
+    finally:
+        cache.preprocessing_fns.pop()
+    (choices,) = seen
+    assert [type(c) for c in choices] == [FakeTritonChoice, ci.LastResortCaller]
+    last = choices[1]
+    assert last.benchmark(out=None) == ci.LastResortCaller.RANK_MS
+    assert last.choice.name == "mm"
+    aten = sa.ExternKernelCaller(last.choice, last.input_nodes, last.layout, last.kwargs)
+    assert last.hash_key().startswith(aten.hash_key()) and last.hash_key() != aten.hash_key()
+    assert [name for name, _ in kernels] == ["extern_kernels.mm"]
+
+    monkeypatch.setattr(ci, "environment", lambda: {"device_name": "NVIDIA H200",
+                                                    "torch_version": "2.x", "host": "x"})
+    ci.FeedbackRecorder(tmp_path / "fb")({template: 0.010, last: last.RANK_MS}, "mm",
+                                         last.input_nodes, choices, None, {})
+    (line,) = (tmp_path / "fb" / ci.TRITON_FEEDBACK).read_text().splitlines()
+    assert [c["name"] for c in json.loads(line)["choices"]] == ["triton_mm_0"]
+
+
 def test_finalize_keeps_only_the_asked_triton_config():
     from types import SimpleNamespace
 
@@ -931,22 +976,42 @@ def _compile_host_bound_mm(mode: str, fn, m: int, n: int, k: int, transposed_b: 
 def test_gpu_reduced_benchmarks_triton_templates_for_host_bound_mm(tmp_path):
     """A 16x1024x1024 mm is host-bound, the packaged launch costs favour Triton for a graph
     of it, and their retime never measured it: reduced mode benchmarks Inductor's Triton
-    templates without ATen (choice types seen by a feedback saver), runs the winner correctly,
-    and its feedback appends the benchmark as a Triton sweep row that ``cutetune emit
-    --triton-sweep`` reads."""
+    templates without ATen (choice types seen by a feedback saver; ATen only behind them, as
+    the untimed last resort), runs the winner correctly, and its feedback appends the
+    benchmark as a Triton sweep row that ``cutetune emit --triton-sweep`` reads."""
     from cutetune.models.triton_mm import load_sweep
     from cutetune.tuner.heuristics import PackagedHeuristics
 
     h, p = PackagedHeuristics(), P(16, 1024, 1024)
     assert h.triton_problems([(p, h.triton_config(p))]) == {p}
     assert h.triton_config(p, measured_only=True) is None
-    out, ref, _, timed = _compile_host_bound_mm("reduced", lambda a, b: a @ b.t(), 16, 1024,
-                                                1024, transposed_b=True, feedback=tmp_path)
+    out, ref, code, timed = _compile_host_bound_mm("reduced", lambda a, b: a @ b.t(), 16,
+                                                   1024, 1024, transposed_b=True,
+                                                   feedback=tmp_path)
     assert "TritonTemplateCaller" in timed and "ExternKernelCaller" not in timed
+    assert "LastResortCaller" in timed and "extern_kernels.mm(" not in code
     assert _rel_err(out, ref) < 2e-2
     (row,) = load_sweep(tmp_path / ci.TRITON_FEEDBACK)
     assert (row.m, row.n, row.k, row.majors) == (16, 1024, 1024, "kk")
     assert row.aten_ms is None and len(row.triton_ms) > 1
+
+
+@gpu
+def test_gpu_reduced_runs_aten_for_host_bound_mm_where_every_triton_template_fails(monkeypatch):
+    """The mm of the test above with every Triton template made to fail in Inductor's
+    benchmark (a RuntimeError, as a bad launch raises): the compile does not fail
+    (``NoValidChoicesError``); the node runs ATen, the last resort, correctly."""
+    import re
+
+    def fail(self, *args, **kwargs):
+        raise RuntimeError("cutetune test: every Triton template fails")
+
+    monkeypatch.setattr(sa.TritonTemplateCaller, "benchmark", fail)
+    out, ref, code, timed = _compile_host_bound_mm("reduced", lambda a, b: a @ b.t(), 16,
+                                                   1024, 1024, transposed_b=True)
+    assert "TritonTemplateCaller" in timed and "LastResortCaller" in timed
+    assert "extern_kernels.mm(" in code and not re.search(r"\btriton_tem_\w+\.run\(", code)
+    assert _rel_err(out, ref) < 2e-2
 
 
 @gpu

@@ -131,6 +131,31 @@ class NodeDecision:
 QUACK_LAUNCH_HOST_US = 48.0
 
 
+class LastResortCaller(ExternKernelCaller):
+    """ATen behind Triton templates that are benchmarked without it (reduced mode, a
+    host-bound mm whose graph the heuristics give the templates): ranked last and never run
+    in the benchmark, so Inductor takes it only where every template failed, instead of
+    raising ``NoValidChoicesError`` (it does when all timings are inf). Its time is no
+    measurement: feedback skips it, and its cache key is its own, so the autotune cache never
+    hands the rank to a real ATen choice."""
+
+    RANK_MS = 1e9  # finite: Inductor drops inf as failed
+
+    @classmethod
+    def behind(cls, aten: ExternKernelCaller) -> "LastResortCaller":
+        caller = cls(aten.choice, aten.input_nodes, aten.layout, aten.kwargs,
+                     has_out_variant=aten.has_out_variant)
+        caller.annotations = getattr(aten, "annotations", {})
+        caller.description = "ATen, taken only if every Triton template fails (not timed)"
+        return caller
+
+    def benchmark(self, *args, out) -> float:
+        return self.RANK_MS
+
+    def hash_key(self) -> str:
+        return f"{super().hash_key()}-cutetune-last-resort"
+
+
 def host_bound(problem: GemmProblem, host_bound_us: float) -> tuple[float, bool] | None:
     """(time at the device's ceiling in us, whether memory-bound) when even that ceiling runs
     ``problem`` in under ``host_bound_us``; else None."""
@@ -368,7 +393,8 @@ class CuteTuneChoices(InductorChoices):
         heuristics did not retime): Inductor's Triton mm template configs, benchmarked, with
         ATen beside them only ``with_aten`` (when the heuristics cannot weigh the graph: where
         they can and chose the templates, a benchmark of GPU time alone would often pick ATen,
-        which the step cannot afford). Otherwise (predicted mode, and reduced mode for a
+        which the step cannot afford; ATen then stays behind them as a ``LastResortCaller``).
+        Otherwise (predicted mode, and reduced mode for a
         retimed shape): the one Triton config whose kwargs match ``only``, alone, so it is not
         benchmarked. Either way the configs come from max-autotune's list with its fixed
         layouts (``max_autotune_gemm`` holds while they are generated), and where Inductor
@@ -398,7 +424,10 @@ class CuteTuneChoices(InductorChoices):
         log.info("cutetune %s mm: host-bound, %s", self.mode,
                  f"Triton config {only}" if only else
                  f"Triton templates{' and ATen' if with_aten else ''} benchmarked")
-        return choices
+        if only or with_aten:
+            return choices
+        return choices + [LastResortCaller.behind(c) for c in super().get_template_configs(*args)
+                          if isinstance(c, ExternKernelCaller)]
 
     def _finalize_template_configs(self, template_choices, kernel_inputs, templates, op_name,
                                    kwarg_overrides=None):
@@ -595,6 +624,7 @@ class FeedbackRecorder:
         """Inductor's FeedbackFunction signature (the same in torch 2.11 and 2.13)."""
         from cutetune.dataset import append
 
+        timings = {c: ms for c, ms in timings.items() if not isinstance(c, LastResortCaller)}
         triton = self.triton_row(timings, name, input_nodes)
         if triton is not None:
             if self._triton_seen is None:
