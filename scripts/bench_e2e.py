@@ -137,20 +137,23 @@ def _cpu_sample() -> dict | None:
             total = [int(v) for v in f.readline().split()[1:]]
     except OSError:
         return None
-    return {"t": time.perf_counter(), "threads": threads,
-            "busy": sum(total) - total[3] - total[4], "total": sum(total)}  # less idle, iowait
+    return {"t": time.perf_counter(), "threads": threads,  # busy: less idle, iowait, steal
+            "busy": sum(total) - sum(total[3:5]) - sum(total[7:8]), "total": sum(total),
+            "steal": sum(total[7:8])}
 
 
 def _cpu_during(a: dict | None, b: dict | None) -> dict | None:
     """Cores' worth of CPU between two samples: each thread of this process above 2 % of a
-    core, and the machine's busy cores (other processes included)."""
+    core, the machine's busy cores (other processes included), and the cores' worth its
+    hypervisor ran other guests on instead (steal: a virtual machine's noisy neighbours)."""
     if a is None or b is None:
         return None
     span = (b["t"] - a["t"]) * os.sysconf("SC_CLK_TCK")
     threads = {k: round((v - a["threads"].get(k, 0)) / span, 3) for k, v in b["threads"].items()}
     return {"threads": {k: v for k, v in sorted(threads.items(), key=lambda kv: -kv[1])
                         if v >= 0.02},
-            "machine_busy_cores": round((b["busy"] - a["busy"]) / span, 2)}
+            "machine_busy_cores": round((b["busy"] - a["busy"]) / span, 2),
+            "steal_cores": round((b.get("steal", 0) - a.get("steal", 0)) / span, 3)}
 
 
 class _LogTimes(logging.Handler):

@@ -49,6 +49,8 @@
 #      heuristics give each retimed shape the config that ran it fastest
 #   pinned  predicted and reduced mode's steps (the same output code) at M 1 16 128, timed with
 #      and without the timing thread pinned to one CPU
+#   noise  same-code steps (predicted, reduced and max-autotune share kernels at M 16 and 128)
+#      pinned, with the garbage collector on and paused in turn, and the machine's steal time
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -196,6 +198,18 @@ print(torch.__version__, 'get_ktc', hasattr(C, 'get_ktc'), \
         timeout "$(left 10)" python scripts/step_ab.py --m "$m" --modes predicted reduced \
           $([ "$pin" = none ] || echo --pin-cpu "$pin") --save-code "$E2E/code_pin$pin" \
           --out "$E2E/ab_pin${pin}_m$m.json" 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
+      done
+    done ;;
+  noise)  # what pinning left of the same-code noise (recheck pinned, 2026-11-30: attention
+    # at M=128 with the same four templates in predicted and max-autotune 1.060 apart): each
+    # M with Python's garbage collector on and paused, alternately, twice, machine steal logged
+    for rep in 1 2; do
+      for m in 128 16; do
+        for g in on off; do
+          timeout "$(left 10)" python scripts/step_ab.py --m "$m" \
+            --modes max-autotune predicted reduced --pin-cpu 6 $([ "$g" = on ] || echo --gc-off) \
+            --out "$E2E/ab_gc${g}_m${m}_$rep.json" 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
+        done
       done
     done ;;
   tune)

@@ -16,6 +16,7 @@ the same one), the median of rounds reported.
       [--save-code DIR]   (each mode's Inductor output code, to tell same-kernel steps apart)
       [--pin-cpu N]   (the timing thread on CPU N alone: host-bound steps with the same code
                        differed by up to 16 % unpinned, data/bench/step_h200_bounded4.json)
+      [--gc-off]   (Python's garbage collector paused while timing, as timeit does)
   python scripts/step_ab.py --report ab_m*.json --out data/bench/step_h200.json
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -94,8 +96,24 @@ def _pinned(cpu: int | None):
         os.sched_setaffinity(0, before)
 
 
+@contextlib.contextmanager
+def _gc_paused(paused: bool):
+    """Python's garbage collector collected, then off meanwhile (``paused``; else as it was),
+    so no collection lands in one mode's timed batch and not in another's."""
+    was = gc.isenabled()
+    if paused:
+        gc.collect()
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = None,
-            save_code: Path | None = None, pin_cpu: int | None = None) -> dict:
+            save_code: Path | None = None, pin_cpu: int | None = None,
+            gc_off: bool = False) -> dict:
     import torch
     from torch._dynamo.utils import counters
 
@@ -104,7 +122,7 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
     torch.manual_seed(0)
     x = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
     res = {"m": m, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "modes": list(modes), "rounds": rounds, "pinned_cpu": pin_cpu,
+           "modes": list(modes), "rounds": rounds, "pinned_cpu": pin_cpu, "gc_off": gc_off,
            "launch_host_us": {"before": launch_host_us()}, "workloads": {}}
     for name in workloads:
         module = _workloads(torch)[name]().to("cuda", torch.bfloat16).eval()
@@ -129,7 +147,7 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
                 recompiled[mode] = counters["stats"]["unique_graphs"] - graphs
             timed = {mode: [] for mode in fns}
             order = list(fns)
-            with _pinned(pin_cpu):
+            with _pinned(pin_cpu), _gc_paused(gc_off):
                 for r in range(rounds):
                     for mode in order[r % len(order):] + order[:r % len(order)]:
                         timed[mode].append(_time_calls(torch, fns[mode], x, repeats=3,
@@ -142,6 +160,11 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
                         for mode, ts in timed.items()},
             "host_us": {mode: float(np.median([t["host"] for t in ts])) * 1e3
                         for mode, ts in timed.items()},
+            # each round's step and the machine's steal meanwhile: the noise beside the medians
+            "rounds_step_us": {mode: [round(t["median"] * 1e3, 2) for t in ts]
+                               for mode, ts in timed.items()},
+            "rounds_steal_cores": {mode: [(t["cpu"] or {}).get("steal_cores") for t in ts]
+                                   for mode, ts in timed.items()},
         }
         del module, fns
         torch.cuda.empty_cache()
@@ -209,6 +232,8 @@ def main() -> None:
                     help="write each mode's Inductor output code there")
     ap.add_argument("--pin-cpu", type=int, metavar="N",
                     help="time on CPU N alone (compiles stay unpinned)")
+    ap.add_argument("--gc-off", action="store_true",
+                    help="pause Python's garbage collector while timing")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.drop_modes and not args.why:
@@ -233,7 +258,7 @@ def main() -> None:
     else:
         modes = [*args.modes, *(["predicted-heldout"] if args.heldout_model else [])]
         res = summary = measure(args.m, modes, args.workloads, args.rounds, args.heldout_model,
-                                args.save_code, args.pin_cpu)
+                                args.save_code, args.pin_cpu, args.gc_off)
     Path(args.out).write_text(json.dumps(res, indent=1))
     print(json.dumps(summary))
 

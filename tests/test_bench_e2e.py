@@ -126,6 +126,42 @@ def test_step_timing_pins_to_one_cpu_and_restores():
     assert os.sched_getaffinity(0) == allowed
 
 
+def test_step_timing_pauses_the_garbage_collector_and_restores_it():
+    """--gc-off: no collection while timing (the collector off, young objects collected
+    first); the collector as it was after, also where the caller had it off."""
+    import gc
+
+    ab = _step_ab()
+    assert gc.isenabled()
+    with ab._gc_paused(True):
+        assert not gc.isenabled() and gc.get_count()[0] < 50
+    assert gc.isenabled()
+    with ab._gc_paused(False):
+        assert gc.isenabled()
+    gc.disable()
+    try:
+        with ab._gc_paused(True):
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_cpu_samples_count_steal_apart_from_busy(monkeypatch):
+    """The machine's steal time (fields 8 of /proc/stat's cpu line) is its own figure, not
+    busy time."""
+    import bench_e2e
+
+    a = {"t": 0.0, "threads": {}, "busy": 100, "total": 1000, "steal": 10}
+    b = {"t": 1.0, "threads": {}, "busy": 100 + 50, "total": 2000, "steal": 10 + 25}
+    monkeypatch.setattr(bench_e2e.os, "sysconf", lambda name: 100)
+    assert bench_e2e._cpu_during(a, b) == {"threads": {}, "machine_busy_cores": 0.5,
+                                           "steal_cores": 0.25}
+    sample = bench_e2e._cpu_sample()
+    if sample is not None:  # Linux
+        assert sample["busy"] + sample["steal"] <= sample["total"]
+
+
 def test_modes_compiled_again_when_timed_do_not_count():
     ab = _step_ab()
     wl = {"step_us": {"default": 100.0, "max-autotune": 90.0, "predicted": 99.0,
