@@ -414,6 +414,18 @@ class StepHostCosts:
     factors: tuple[float, float]
 
 
+def check_step_report(report: Mapping) -> None:
+    """ValueError unless every part of a step_ab.py report says which modes Dynamo compiled
+    again when timed: reports written before it did (2026-11-30) timed every mode but the last
+    on code compiled again, so their host times may be the default's code."""
+    for part in report["parts"]:
+        for name, w in part["workloads"].items():
+            if "graphs_compiled_when_timed" not in w:
+                raise ValueError(f"part M={part['m']} ({name}) has no graphs_compiled_when_timed:"
+                                 " written before step_ab.py kept each mode's own compiled "
+                                 "code, its host times may be the default's")
+
+
 def step_host_us(reports: Iterable[Mapping]) -> StepHostCosts:
     """Host costs from step benchmarks (``scripts/step_ab.py --report`` files): every compiled
     mode that ran all of a workload's GEMMs on ATen, or all in Triton templates, gives its
@@ -425,12 +437,13 @@ def step_host_us(reports: Iterable[Mapping]) -> StepHostCosts:
     of the host."""
     seen: dict[tuple[str, str], list[float]] = {}
     for report in reports:
+        check_step_report(report)
         dropped = set(report.get("not_counted", {}).get("modes", ()))
         for part in report["parts"]:
             if part["m"] > STEP_HOST_MAX_M:
                 continue
             for name, w in part["workloads"].items():
-                again = w.get("graphs_compiled_when_timed", {})
+                again = w["graphs_compiled_when_timed"]
                 for mode, k in w["kernels"].items():
                     if mode in dropped or again.get(mode, 0):
                         continue

@@ -237,7 +237,7 @@ def step_part(workloads, m=1):
         return {"quack": 0, "aten": aten, "triton_template": triton}
     return {"m": m, "workloads": {
         w: {"kernels": {"default": kernels(*d), "predicted": kernels(*p)},
-            "host_us": {"default": hd, "predicted": hp}}
+            "host_us": {"default": hd, "predicted": hp}, "graphs_compiled_when_timed": {}}
         for w, (d, p, hd, hp) in workloads.items()}}
 
 
@@ -264,6 +264,10 @@ def test_step_host_us_reads_workloads_all_aten_and_all_triton():
     # the defaults of the last two count: attn's ATen 25, 35, 25, 25 around 25
     assert with_more.triton_us == pytest.approx(22.0)
     assert with_more.factors == (pytest.approx(15 / 20), pytest.approx(35 / 25))
+    # a report from before step_ab.py said which modes ran their own code is refused
+    del again["workloads"]["attn"]["graphs_compiled_when_timed"]
+    with pytest.raises(ValueError, match="M=1 \\(attn\\) has no graphs_compiled_when_timed"):
+        step_host_us([{"parts": parts}, {"parts": [again]}])
 
 
 def test_load_retimed_skips_errors_and_names_a_corrupt_line(tmp_path):
@@ -377,7 +381,7 @@ def test_decide_gives_the_tables_config_in_predicted_mode(tmp_path):
     assert d.triton and d.triton_config == ()
 
 
-def test_cli_emit_adds_the_triton_table(tmp_path, monkeypatch):
+def test_cli_emit_adds_the_triton_table(tmp_path, monkeypatch, capsys):
     import cutetune.models
     from cutetune.cli import main
 
@@ -434,9 +438,13 @@ def test_cli_emit_adds_the_triton_table(tmp_path, monkeypatch):
         assert Heuristics.load(out).triton_config(problem(1, 4096, 2048)) == want
     assert main(["emit", "--model", str(model_file), "--out", str(out),
                  "--triton-sweep", str(sweep), *costs[:2]]) == 2  # steps missing
-    steps.write_text("{}")
-    assert main(["emit", "--model", str(model_file), "--out", str(out),
-                 "--triton-sweep", str(sweep), *costs]) == 2
+    old = step_part({"attn": ((4, 0), (0, 4), 120.0, 80.0)})
+    del old["workloads"]["attn"]["graphs_compiled_when_timed"]  # before step_ab.py recorded it
+    for bad in ({}, {"parts": [old]}):
+        steps.write_text(json.dumps(bad))
+        assert main(["emit", "--model", str(model_file), "--out", str(out),
+                     "--triton-sweep", str(sweep), *costs]) == 2
+    assert "graphs_compiled_when_timed" in capsys.readouterr().err
 
 
 def test_packaged_heuristics_weigh_each_dtype_by_its_own_file(monkeypatch):

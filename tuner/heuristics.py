@@ -412,8 +412,8 @@ def _triton_table(args) -> TritonTable:
     """The Triton table from ``--triton-sweep`` files, with launch costs when
     ``--triton-retimed`` and ``--triton-steps`` files are given."""
     from cutetune.cli import UserError
-    from cutetune.models.triton_mm import (fit_launch_costs, load_retimed, load_sweep,
-                                           step_host_us)
+    from cutetune.models.triton_mm import (check_step_report, fit_launch_costs, load_retimed,
+                                           load_sweep, step_host_us)
 
     def read(paths, load, what):
         out = []
@@ -428,6 +428,7 @@ def _triton_table(args) -> TritonTable:
         report = json.loads(Path(path).read_text())
         if not isinstance(report, dict) or not isinstance(report.get("parts"), list):
             raise ValueError("not a scripts/step_ab.py --report file (no parts)")
+        check_step_report(report)
         return [report]
 
     swept = read(args.triton_sweep, load_sweep, "Triton sweep")
