@@ -131,31 +131,6 @@ class NodeDecision:
 QUACK_LAUNCH_HOST_US = 48.0
 
 
-class LastResortCaller(ExternKernelCaller):
-    """ATen behind Triton templates that are benchmarked without it (reduced mode, a
-    host-bound mm whose graph the heuristics give the templates): ranked last and never run
-    in the benchmark, so Inductor takes it only where every template failed, instead of
-    raising ``NoValidChoicesError`` (it does when all timings are inf). Its time is no
-    measurement: feedback skips it, and its cache key is its own, so the autotune cache never
-    hands the rank to a real ATen choice."""
-
-    RANK_MS = 1e9  # finite: Inductor drops inf as failed
-
-    @classmethod
-    def behind(cls, aten: ExternKernelCaller) -> "LastResortCaller":
-        caller = cls(aten.choice, aten.input_nodes, aten.layout, aten.kwargs,
-                     has_out_variant=aten.has_out_variant)
-        caller.annotations = getattr(aten, "annotations", {})
-        caller.description = "ATen, taken only if every Triton template fails (not timed)"
-        return caller
-
-    def benchmark(self, *args, out) -> float:
-        return self.RANK_MS
-
-    def hash_key(self) -> str:
-        return f"{super().hash_key()}-cutetune-last-resort"
-
-
 def host_bound(problem: GemmProblem, host_bound_us: float) -> tuple[float, bool] | None:
     """(time at the device's ceiling in us, whether memory-bound) when even that ceiling runs
     ``problem`` in under ``host_bound_us``; else None."""
@@ -306,6 +281,31 @@ def graph_problems(graph: torch.fx.Graph, arch: str | None) -> list[GemmProblem]
 # Heuristics sources by digest: the factory Inductor pickles (2.11) or asks uuid() of (2.13)
 # must stay a few plain fields, so the loaded table is kept here.
 _SOURCES: dict[str, object] = {}
+
+
+class LastResortCaller(ExternKernelCaller):
+    """ATen behind Triton templates that are benchmarked without it (reduced mode, a
+    host-bound mm whose graph the heuristics give the templates): ranked last and never run
+    in the benchmark, so Inductor takes it only where every template failed, instead of
+    raising ``NoValidChoicesError`` (it does when all timings are inf). Its time is no
+    measurement: feedback skips it, and its cache key is its own, so the autotune cache never
+    hands the rank to a real ATen choice."""
+
+    RANK_MS = 1e9  # finite: Inductor drops inf as failed
+
+    @classmethod
+    def behind(cls, aten: ExternKernelCaller) -> "LastResortCaller":
+        caller = cls(aten.choice, aten.input_nodes, aten.layout, aten.kwargs,
+                     has_out_variant=aten.has_out_variant)
+        caller.annotations = getattr(aten, "annotations", {})
+        caller.description = "ATen, taken only if every Triton template fails (not timed)"
+        return caller
+
+    def benchmark(self, *args, out) -> float:
+        return self.RANK_MS
+
+    def hash_key(self) -> str:
+        return f"{super().hash_key()}-cutetune-last-resort"
 
 
 class CuteTuneChoices(InductorChoices):
