@@ -153,7 +153,7 @@ def _cpu_during(a: dict | None, b: dict | None) -> dict | None:
     return {"threads": {k: v for k, v in sorted(threads.items(), key=lambda kv: -kv[1])
                         if v >= 0.02},
             "machine_busy_cores": round((b["busy"] - a["busy"]) / span, 2),
-            "steal_cores": round((b.get("steal", 0) - a.get("steal", 0)) / span, 3)}
+            "steal_cores": round((b["steal"] - a["steal"]) / span, 3)}
 
 
 class _LogTimes(logging.Handler):
