@@ -6,7 +6,8 @@ and the attention projections (q 4096->4096, k/v 4096->1024, o 4096->4096) at ea
 Modes: Inductor's default, max-autotune (GEMM backends ATEN,TRITON, no CUDA graphs), cutetune
 predicted and cutetune reduced. Every measurement runs in a fresh process with an empty
 Inductor cache (TORCHINDUCTOR_CACHE_DIR); cutetune modes run twice, with empty kernel caches
-(cold: QUACK_CACHE_DIR and CUTE_DSL_CACHE_DIR) and with those caches as the cold run left them
+(cold: QUACK_CACHE_DIR, CUTE_DSL_CACHE_DIR and CUTETUNE_TEMPLATE_CACHE_DIR, where cutetune keeps
+the Triton template kernels it chose) and with those caches as the cold run left them
 (warm). Reported per workload: compile wall time (from ``enable()`` to the first call's
 result, so it includes quack's import when the process's first quack kernel is launched then,
 and the start of reduced mode's compile workers), steady-state time per call (CUDA events,
@@ -238,13 +239,23 @@ def worker(spec: dict) -> dict:
                          "rel_err": _rel_err(torch, out, ref),
                          "kernels": _kernel_counts("\n".join(code)),
                          "quack_imported": not quack_before and "quack" in sys.modules,
-                         "prefetched": prefetched}
+                         "prefetched": prefetched, "template_kernels_cached": _templates_cached()}
         if spec.get("save_code"):
             fname = f"m{spec['m']}_{mode}_{spec.get('kernel_cache') or 'none'}_{name}.py"
             Path(spec["save_code"], fname).write_text("\n\n# ----\n".join(code))
         del module, compiled
         torch.cuda.empty_cache()
     return {"workloads": results, "process_s": time.perf_counter() - t_start}
+
+
+def _templates_cached() -> int | None:
+    """Template kernels in cutetune's template cache (None outside cutetune's modes): equal
+    after the cold and the warm run when the warm one compiled none."""
+    if "cutetune.tuner.template_cache" not in sys.modules:
+        return None
+    from cutetune.tuner.template_cache import stored_templates
+
+    return stored_templates()
 
 
 def _prefetch_stats(wait: bool) -> dict | None:
@@ -323,12 +334,14 @@ def _run_worker(spec: dict, env: dict, timeout: float) -> dict:
 
 def _env(inductor_dir: Path, kernel_dir: Path | None) -> dict:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TORCHINDUCTOR_", "CUTETUNE_")) and k != "TRITON_CACHE_DIR"}
+           if not k.startswith(("TORCHINDUCTOR_", "CUTETUNE_"))
+           and k not in ("TRITON_CACHE_DIR", "TRITON_CACHE_MANAGER")}
     env.update(TORCHINDUCTOR_CACHE_DIR=str(inductor_dir), PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
     if kernel_dir is not None:
         env.update(QUACK_CACHE_DIR=str(kernel_dir / "quack"),
-                   CUTE_DSL_CACHE_DIR=str(kernel_dir / "cute_dsl"))
+                   CUTE_DSL_CACHE_DIR=str(kernel_dir / "cute_dsl"),
+                   CUTETUNE_TEMPLATE_CACHE_DIR=str(kernel_dir / "triton_templates"))
     return env
 
 

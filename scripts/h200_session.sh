@@ -51,6 +51,10 @@
 #      and without the timing thread pinned to one CPU
 #   noise  same-code steps (predicted, reduced and max-autotune share kernels at M 16 and 128)
 #      pinned, with the garbage collector on and paused in turn, and the machine's steal time
+#   tcache, tcache2  (after cutetune kept the Triton template kernels it chose in its kernel
+#      cache) the cache's GPU test, then compile times with it cold and warm, and steps at M=1
+#   tcprof  tcache's test and compile times on another machine, then scripts/step_profile.py
+#      (GPU kernels against step time) in six fresh processes at M=1
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -211,6 +215,31 @@ print(torch.__version__, 'get_ktc', hasattr(C, 'get_ktc'), \
             --out "$E2E/ab_gc${g}_m${m}_$rep.json" 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
         done
       done
+    done ;;
+  tcache|tcache2)  # (after cutetune kept its Triton template kernels in its kernel cache) the
+    # GPU tests of that cache and of host-bound mm, then compile times at M 1 128 with the
+    # template cache cold and warm: default and predicted (tcache), max-autotune and reduced
+    # and every mode's steps at M=1 (tcache2)
+    if [ "$CALL" = tcache ]; then
+      timeout 240 python -m pytest -m gpu tests/test_inductor.py -k "template_kernel_cache or \
+host_bound" -q -p no:cacheprovider 2>&1 | tail -n 3 | tee "$E2E/gpu_tests_$CALL.log"
+      bench part_tc --ms 1 128 --modes default predicted --warm-for predicted --skip-overhead
+    else
+      bench part_tc2 --ms 1 128 --modes max-autotune reduced --warm-for reduced --skip-overhead \
+        --budget-s "$(left 170)"
+      timeout "$(left 5)" python scripts/step_ab.py --m 1 --out "$E2E/ab_tc_m1.json" \
+        --pin-cpu 6 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
+    fi ;;
+  tcprof)  # tcache's first part on another machine, then where the default's compiled MLP
+    # step at M=1 spends its time (GPU kernels or host) in six fresh processes
+    timeout 240 python -m pytest -m gpu tests/test_inductor.py -k "template_kernel_cache" -q \
+      -p no:cacheprovider 2>&1 | tail -n 3 | tee "$E2E/gpu_tests_$CALL.log"
+    bench part_tp --ms 1 128 --modes default predicted --warm-for predicted --skip-overhead \
+      --budget-s "$(left 200)"
+    for i in 1 2 3 4 5 6; do
+      [ "$(left 45)" -gt 0 ] || break
+      timeout "$(left 5)" python scripts/step_profile.py --m 1 --out "$E2E/prof_m1_$i.json" \
+        2>&1 | tail -n 4 | tee -a "$E2E/prof.log"
     done ;;
   tune)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \

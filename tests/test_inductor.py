@@ -1035,6 +1035,55 @@ def test_gpu_predicted_runs_the_packaged_triton_config_for_host_bound_mm():
     assert _rel_err(out, ref) < 2e-2
 
 
+TEMPLATE_CACHE_PROCESS = textwrap.dedent("""
+    import json, re, torch
+    from torch._inductor.utils import run_and_get_code
+    from cutetune.tuner import inductor as ci
+    from cutetune.tuner.template_cache import TemplateKernelCache, stored_templates
+    torch.manual_seed(0)
+    x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad(), ci.enable("predicted"):
+        out, code = run_and_get_code(torch.compile(lambda a, b: a @ b.t()), x, w)
+    ref = x @ w.t()
+    print(json.dumps({"loads": TemplateKernelCache.loads, "stores": TemplateKernelCache.stores,
+                      "stored": stored_templates(),
+                      "template_ran": bool(re.search(r"\\btriton_tem_\\w+\\.run\\(", "".join(code))),
+                      "err": ((out.float() - ref.float()).norm() / ref.float().norm()).item()}))
+""")
+
+
+@gpu
+def test_gpu_template_kernel_cache_serves_a_fresh_inductor_cache(tmp_path):
+    """Predicted mode's Triton template for a host-bound mm (the test above's), compiled in a
+    fresh process by Inductor's compile workers, lands in cutetune's template cache; a second
+    fresh process with a fresh Inductor cache (compiling in-process, so that the cache's counts
+    are its own) loads it from there instead of compiling it, and runs it correctly."""
+    import os
+
+    script = tmp_path / "run.py"
+    script.write_text(TEMPLATE_CACHE_PROCESS)
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TRITON_CACHE_DIR", "TRITON_CACHE_MANAGER")}
+    env.update(CUTETUNE_TEMPLATE_CACHE_DIR=str(tmp_path / "templates"),
+               PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+    runs = []
+    for i, threads in enumerate(("", "1")):  # "": Inductor's default, its compile workers
+        run_env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor{i}")}
+        if threads:
+            run_env["TORCHINDUCTOR_COMPILE_THREADS"] = threads
+        res = subprocess.run([sys.executable, str(script)], env=run_env, capture_output=True,
+                             text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    workers, in_process = runs
+    assert workers["template_ran"] and workers["stored"] >= 1
+    assert in_process["template_ran"] and in_process["loads"] >= 1
+    assert in_process["stores"] == 0 and in_process["stored"] == workers["stored"]
+    assert all(r["err"] < 2e-2 for r in runs)
+
+
 FRESH_PROCESS = textwrap.dedent("""
     import json, sys, torch
     from torch._dynamo.utils import counters

@@ -77,7 +77,7 @@ from cutetune.space.features import ceiling_times_s
 from cutetune.space.problem import GemmProblem, ProblemError
 from cutetune.space.rules import is_valid
 
-from . import launcher
+from . import launcher, template_cache
 from .heuristics import Heuristics, HeuristicsError, ModelHeuristics, PackagedHeuristics
 from .measure import environment
 from .executor import signature_class
@@ -723,12 +723,13 @@ def _resolve_source(model) -> str:
 class Installation:
     """An active ``enable()``: a context manager, or call ``disable()``. Restores the previous
     ``inductor_choices_class``, this thread's choices handler, the feedback savers, the
-    prefetcher source and the preprocessing hook that waits for it."""
+    prefetcher source, the preprocessing hook that waits for it and Triton's cache manager."""
 
     def __init__(self, factory: ChoicesFactory | None, feedback: FeedbackRecorder | None,
                  prefetch_for=None) -> None:
         global _prefetch_for
         self.factory, self.feedback = factory, feedback
+        self._prev_manager = template_cache.install() if factory is not None else _UNSET
         self._prev_prefetch, _prefetch_for = _prefetch_for, prefetch_for
         self._prev_class = inductor_config.inductor_choices_class
         if factory is not None:
@@ -752,6 +753,8 @@ class Installation:
             return
         self.active = False
         _prefetch_for = self._prev_prefetch
+        if self._prev_manager is not _UNSET:
+            template_cache.uninstall(self._prev_manager)
         inductor_config.inductor_choices_class = self._prev_class
         _swap_thread_handler(self._prev_handler)
         cache = get_algorithm_selector_cache()
@@ -777,7 +780,8 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
     dataset folder that receives Inductor's reduced-mode timings. ``prefetch`` (reduced mode):
     compile each graph's candidate kernels in parallel worker processes, started now so they
     load while Dynamo traces (True), not at all (False), or a callable ``arch -> object with
-    submit(kernels)``.
+    submit(kernels)``. Both modes keep the Triton template kernels they lead Inductor to
+    compile in cutetune's kernel cache (``tuner/template_cache.py``).
     """
     if mode not in MODES:
         raise ValueError(f"unknown cutetune mode {mode!r}; expected one of {', '.join(MODES)}")
