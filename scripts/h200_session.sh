@@ -55,6 +55,8 @@
 #      cache) the cache's GPU test, then compile times with it cold and warm, and steps at M=1
 #   tcprof  tcache's test and compile times on another machine, then scripts/step_profile.py
 #      (GPU kernels against step time) in six fresh processes at M=1
+#   exh  Inductor's exhaustive Triton mm list swept on the MLP's GEMMs at M 1 and 16, and its
+#      four fastest per shape retimed
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -241,6 +243,15 @@ host_bound" -q -p no:cacheprovider 2>&1 | tail -n 3 | tee "$E2E/gpu_tests_$CALL.
       timeout "$(left 5)" python scripts/step_profile.py --m 1 --out "$E2E/prof_m1_$i.json" \
         2>&1 | tail -n 4 | tee -a "$E2E/prof.log"
     done ;;
+  exh)  # Inductor's exhaustive Triton mm list on the MLP's GEMMs at M 1 and 16 (its default
+    # list lacks a down-projection config as fast as cuBLAS: data/bench/step_profile_h200_m1),
+    # then the four fastest per shape retimed L2-cold beside ATen and the table's pick
+    python scripts/triton_mm_sweep.py --out "$E2E/triton_mm_exh.jsonl" --families llama3_8b \
+      --layers 4096:14336 14336:4096 --ms 1 16 --majors kk --search-space EXHAUSTIVE \
+      --budget-s "$(left 240)" 2>&1 | tee "$E2E/triton_mm_exh.log"
+    timeout "$(left 10)" python scripts/triton_mm_retime.py --sweep "$E2E/triton_mm_exh.jsonl" \
+      --top 4 --out "$E2E/h200_bf16_retimed_exh.jsonl" --budget-s "$(left 60)" 2>&1 \
+      | tee "$E2E/retime_exh.log" ;;
   tune)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \
       -k "gpu_cli or host_bound" -q -s -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.log" ;;

@@ -9,7 +9,12 @@ max-autotune (ATEN,TRITON) with Inductor's caches off; a feedback saver records 
 Inductor measured for every choice, and the compiled result is checked against torch.mm.
 
   python scripts/triton_mm_sweep.py --out data/triton_mm/h200_bf16.jsonl [--budget-s 500]
-      [--families llama3_8b ...] [--ms 1 4 16 ...] [--majors kk kn]
+      [--families llama3_8b ...] [--layers 4096:14336 ...] [--ms 1 4 16 ...] [--majors kk kn]
+      [--search-space EXHAUSTIVE]
+
+``--search-space EXHAUSTIVE`` benchmarks Inductor's exhaustive Triton mm list (every tile of
+16 to 256 per dimension, 1 to 5 stages, 2 to 8 warps) instead of its short default one:
+predicted mode can ask for any config of either (tuner/inductor.py).
 
 Rows are appended one shape at a time; shapes already in --out are skipped (resumable).
 The committed H200 sweep is that file compressed (gzip -9n): data/triton_mm/h200_bf16.jsonl.gz;
@@ -40,9 +45,10 @@ MS = (1, 4, 16, 64, 128, 256)
 def family_of(n: int, k: int) -> str:
     """The first family with a layer of this (N, K), or "other"."""
     return next((f for f, nks in FAMILIES.items() if (n, k) in nks), "other")
-def measure_shape(m: int, n: int, k: int, majors: str) -> dict:
-    """Compile torch.mm of (M,K) x (K,N) in the given operand majors under max-autotune and
-    return every choice Inductor benchmarked for it."""
+def measure_shape(m: int, n: int, k: int, majors: str, search_space: str = "DEFAULT") -> dict:
+    """Compile torch.mm of (M,K) x (K,N) in the given operand majors under max-autotune, with
+    Inductor's Triton configs from ``search_space``, and return every choice Inductor
+    benchmarked for it."""
     import torch
     from torch._inductor import config as inductor_config
     from torch._inductor.select_algorithm import get_algorithm_selector_cache
@@ -65,6 +71,7 @@ def measure_shape(m: int, n: int, k: int, majors: str) -> dict:
     try:
         with inductor_config.patch(max_autotune_gemm=True,
                                    max_autotune_gemm_backends="ATEN,TRITON",
+                                   max_autotune_gemm_search_space=search_space,
                                    force_disable_caches=True):
             out = torch.compile(lambda x, y: torch.mm(x, y), dynamic=False)(a, b)
             torch.cuda.synchronize()
@@ -87,22 +94,28 @@ def main() -> int:
     ap.add_argument("--out", required=True, type=Path, help="JSONL file, appended")
     ap.add_argument("--ms", type=int, nargs="+", default=list(MS))
     ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    ap.add_argument("--layers", nargs="+", metavar="N:K",
+                    help="only these (N, K) of the families' layers, in this order")
     ap.add_argument("--majors", nargs="+", default=["kk", "kn"], choices=["kk", "kn"])
+    ap.add_argument("--search-space", default="DEFAULT", choices=["DEFAULT", "EXHAUSTIVE"])
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no new shape after this many seconds")
     args = ap.parse_args()
     t_start = time.perf_counter()
     done = shapes_in(args.out)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    layers = [tuple(int(v) for v in nk.split(":")) for nk in args.layers or ()]
     todo = [(m, n, k, mj) for mj in args.majors for f in args.families for n, k in FAMILIES[f]
-            for m in args.ms if (m, n, k, mj) not in done]
+            for m in args.ms if (m, n, k, mj) not in done and (not layers or (n, k) in layers)]
+    if layers:  # in the order given
+        todo.sort(key=lambda t: layers.index((t[1], t[2])))
     print(f"{len(done)} shapes already in {args.out}, {len(todo)} to measure", flush=True)
     for m, n, k, majors in todo:
         if args.budget_s is not None and time.perf_counter() - t_start > args.budget_s:
             print("budget spent; re-run to resume", flush=True)
             break
         try:
-            row = measure_shape(m, n, k, majors)
+            row = measure_shape(m, n, k, majors, args.search_space)
         except Exception as e:  # noqa: BLE001  (recorded, the sweep goes on)
             row = {"m": m, "n": n, "k": k, "majors": majors, "error": f"{type(e).__name__}: {e}"}
         append_row(args.out, row)

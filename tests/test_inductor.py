@@ -440,9 +440,10 @@ class TritonHeuristics(FakeHeuristics):
 
 def test_predicted_asks_for_the_heuristics_triton_config_alone(fake_gpu, monkeypatch):
     """Predicted mode asks Inductor for the Triton mm template alone, under max-autotune's
-    settings, keeping only the heuristics' config; CPU torch generates no Triton choice, so
-    the node falls back to ATen, as it does wherever Inductor does not offer that config.
-    Reduced mode asks for ATen and the whole Triton list."""
+    settings, keeping only the heuristics' config, from the default list and then from the
+    exhaustive one; CPU torch generates no Triton choice, so the node falls back to ATen, as
+    it does wherever Inductor does not offer that config. Reduced mode asks for ATen and the
+    whole default Triton list."""
     import torch._inductor.utils as iu
     from torch._inductor.choices import InductorChoices
     from torch._inductor.kernel.mm import mm_template
@@ -453,14 +454,17 @@ def test_predicted_asks_for_the_heuristics_triton_config_alone(fake_gpu, monkeyp
 
     def stand_in(self, kernel_inputs, templates, op_name, kwarg_overrides=None):
         asked.append(([t.uid for t in templates], inductor_config.max_autotune_gemm,
-                      self._keep_only))
+                      inductor_config.max_autotune_gemm_search_space, self._keep_only))
         externs = [t for t in templates if isinstance(t, sa.ExternKernelChoice)]
         return original(self, kernel_inputs, externs, op_name, kwarg_overrides)
 
     monkeypatch.setattr(InductorChoices, "get_template_configs", stand_in)
-    for mode, want in (("predicted", [([mm_template.uid], True, TritonHeuristics.CONFIG),
-                                       (["aten::mm"], False, None)]),
-                       ("reduced", [(["aten::mm", mm_template.uid], True, None)])):
+    space = inductor_config.max_autotune_gemm_search_space
+    only = TritonHeuristics.CONFIG
+    for mode, want in (("predicted", [([mm_template.uid], True, "DEFAULT", only),
+                                       ([mm_template.uid], True, "EXHAUSTIVE", only),
+                                       (["aten::mm"], False, space, None)]),
+                       ("reduced", [(["aten::mm", mm_template.uid], True, "DEFAULT", None)])):
         asked.clear()
         with ci.enable(mode, model=TritonHeuristics()):
             kernels = lower(lambda a, b: a @ b, row(16, 1024), row(1024, 1024))
@@ -504,8 +508,11 @@ def test_a_graphs_mm_get_triton_templates_only_where_its_step_gains(fake_gpu, mo
 
     monkeypatch.setattr(InductorChoices, "get_template_configs", stand_in)
     config = TritonHeuristics.CONFIG
-    triton, aten = [[mm_template.uid], ["aten::mm"]], [["aten::mm"]]
+    aten = [["aten::mm"]]
     for mode in ("predicted", "reduced"):
+        # predicted mode asks for the config, in the default list and then the exhaustive one;
+        # reduced mode for the default list (the config was not retimed)
+        triton = [[mm_template.uid]] * (2 if mode == "predicted" else 1) + aten
         for takers, want in (((1024, 2048), triton * 2), ((), aten * 2),
                              ((2048,), aten + triton)):
             asked.clear()
@@ -561,6 +568,36 @@ def test_reduced_keeps_aten_behind_triton_templates_benchmarked_without_it(
                                          last.input_nodes, choices, None, {})
     (line,) = (tmp_path / "fb" / ci.TRITON_FEEDBACK).read_text().splitlines()
     assert [c["name"] for c in json.loads(line)["choices"]] == ["triton_mm_0"]
+
+
+def test_packaged_triton_configs_are_in_inductors_lists():
+    """Every Triton config the packaged heuristics give the benchmark's host-bound GEMMs
+    (Llama-3-8B's MLP and attention projections at M 1, 16 and 128) is one that this torch's
+    Inductor generates for the shape, in its default or its exhaustive list, which predicted
+    mode searches in that order; a config in neither would silently leave the node on ATen."""
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.kernel.mm import mm_template
+    from torch._inductor.template_heuristics.registry import get_template_heuristic
+
+    from cutetune.tuner.heuristics import PackagedHeuristics
+
+    h = PackagedHeuristics()
+    heuristic = get_template_heuristic(mm_template.uid, "cuda", "mm")
+    asked = 0
+    with V.set_graph_handler(GraphLowering(torch.fx.symbolic_trace(lambda x: x))):
+        for m in (1, 16, 128):
+            for n, k in ((14336, 4096), (4096, 14336), (4096, 4096), (1024, 4096)):
+                want = h.triton_config(P(m, n, k))
+                if want is None:
+                    continue
+                asked += 1
+                offered = [{**c.kwargs, "num_stages": c.num_stages, "num_warps": c.num_warps}
+                           for gen in (heuristic.get_mm_configs(),
+                                       heuristic.get_exhaustive_mm_configs())
+                           for c in gen(m, n, k, dtype_size=2, op_name="mm")]
+                assert any(all(c.get(key) == v for key, v in want.items()) for c in offered), \
+                    (m, n, k, want)
+    assert asked == 12
 
 
 def test_finalize_keeps_only_the_asked_triton_config():

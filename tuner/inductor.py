@@ -397,7 +397,8 @@ class CuteTuneChoices(InductorChoices):
         Otherwise (predicted mode, and reduced mode for a
         retimed shape): the one Triton config whose kwargs match ``only``, alone, so it is not
         benchmarked. Either way the configs come from max-autotune's list with its fixed
-        layouts (``max_autotune_gemm`` holds while they are generated), and where Inductor
+        layouts (``max_autotune_gemm`` holds while they are generated; a config asked for that
+        is not in its default list is looked for in its exhaustive one), and where Inductor
         offers none of them ATen stands alone. Under max-autotune, or where Inductor's Triton
         templates do not apply (dtype, a small GPU), Inductor's own list stands."""
         from torch._inductor.kernel.mm import mm_template
@@ -411,10 +412,17 @@ class CuteTuneChoices(InductorChoices):
             return super().get_template_configs(*args)
         offered = [*templates, mm_template] if with_aten and not only else [mm_template]
         self._keep_only = only or None
+        choices = []
         try:
-            with inductor_config.patch(max_autotune_gemm=True):
-                choices = super().get_template_configs(kernel_inputs, offered, op_name,
-                                                       kwarg_overrides)
+            # a config from the exhaustive space (scripts/triton_mm_sweep.py --search-space)
+            # is generated only there; look for it in the default list first, which is shorter
+            for space in ("DEFAULT", "EXHAUSTIVE") if only else ("DEFAULT",):
+                with inductor_config.patch(max_autotune_gemm=True,
+                                           max_autotune_gemm_search_space=space):
+                    choices = super().get_template_configs(kernel_inputs, offered, op_name,
+                                                           kwarg_overrides)
+                if choices:
+                    break
         finally:
             self._keep_only = None
         if not choices:
