@@ -36,11 +36,8 @@ def _profile(torch, fn, x, calls: int) -> dict:
         torch.cuda.synchronize()
     gpu, cpu = defaultdict(float), {}
     for ev in prof.key_averages():
-        device_us = getattr(ev, "self_device_time_total", None)
-        if device_us is None:
-            device_us = ev.self_cuda_time_total
-        if device_us > 0 and ev.device_type == torch.autograd.DeviceType.CUDA:
-            gpu[ev.key] += device_us / calls
+        if ev.self_device_time_total > 0 and ev.device_type == torch.autograd.DeviceType.CUDA:
+            gpu[ev.key] += ev.self_device_time_total / calls
         elif ev.self_cpu_time_total > 0:
             cpu[ev.key] = ev.self_cpu_time_total / calls
     top_cpu = dict(sorted(cpu.items(), key=lambda kv: -kv[1])[:12])

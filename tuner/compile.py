@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from cutetune.space.config import ARCH_CAPACITY, KernelConfig
 from cutetune.space.problem import GemmProblem
@@ -96,6 +97,13 @@ def kernel_object_path(problem: GemmProblem, config: KernelConfig, cache_root: s
     sha = _key_to_hash(("_compile_gemm",) + kernel_signature(problem, config))
     root = Path(cache_root) if cache_root else get_cache_path()
     return root / _compute_source_fingerprint() / f"{sha}.o"
+
+
+def cache_dir() -> Path:
+    """cutetune's cache folder: $CUTETUNE_CACHE, else cutetune under $XDG_CACHE_HOME or ~/.cache."""
+    base = os.environ.get("CUTETUNE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cutetune")
+    return Path(base)
 
 
 def kernel_cache_dir(explicit: str | None = None) -> str:

@@ -632,7 +632,7 @@ def run_pinned(fn, args) -> int:
 
 
 def default_storage() -> str:
-    from .tune import cache_dir
+    from .compile import cache_dir
 
     path = cache_dir() / "fleet.sqlite"
     path.parent.mkdir(parents=True, exist_ok=True)

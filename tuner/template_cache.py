@@ -4,7 +4,7 @@ Inductor keeps Triton's cache inside its own cache folder, so with a cold Induct
 template kernel that cutetune gave a GEMM compiles again, on the critical path of a warm
 compile. ``TemplateKernelCache`` is a Triton cache manager
 (``TRITON_CACHE_MANAGER``) that also keeps the kernels Inductor names ``triton_tem_*`` in
-cutetune's kernel cache, beside quack's, and copies them back into Triton's cache on a miss
+cutetune's cache folder (``compile.cache_dir``), and copies them back into Triton's cache on a miss
 there. Every other kernel (pointwise, reductions, launcher modules) is cached as without
 cutetune, so a warm compile still compiles what the default compiles. Entries are keyed by
 Triton's own hash of source, options, backend and compiler version, so a hit is the kernel
@@ -21,6 +21,8 @@ from pathlib import Path
 
 from triton.runtime.cache import FileCacheManager
 
+from .compile import cache_dir
+
 log = logging.getLogger(__name__)
 
 TEMPLATE_PREFIX = "triton_tem_"  # Inductor's name for a template kernel in output code
@@ -30,9 +32,9 @@ _GROUP = "__grp__"
 
 
 def template_cache_dir() -> Path:
-    """$CUTETUNE_TEMPLATE_CACHE_DIR, else beside quack's kernel cache (tuner.compile)."""
+    """$CUTETUNE_TEMPLATE_CACHE_DIR, else triton-templates in cutetune's cache folder."""
     return Path(os.environ.get("CUTETUNE_TEMPLATE_CACHE_DIR")
-                or Path.home() / ".cache" / "cutetune" / "triton-templates")
+                or cache_dir() / "triton-templates")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from cutetune.space.config import KernelConfig
 from cutetune.space.enumerate import enumerate_configs
 from cutetune.space.problem import GemmProblem
 
+from .compile import cache_dir
 from .backends import BenchmarkBackend, GpuBackend, ReplayBackend
 from .strategies import (ATTR_KEY, ATTR_STATUS, ATTR_TIME, STRATEGIES, ModelGuidedSampler,
                          ProposingSampler, RankedTimes, SpaceEncoding, make_sampler)
@@ -37,12 +37,6 @@ DEFAULT_TRIALS = {"model": 64, "tpe": 64, "random": 64, "cmaes": 64}
 MAX_REPEATS = 200
 SPACE_ATTR = "cutetune_space"
 _MODEL_DEFAULTS = ModelGuidedSampler.__init__.__kwdefaults__
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("CUTETUNE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cutetune")
-    return Path(base)
 
 
 def default_storage_url() -> str:
