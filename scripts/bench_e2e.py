@@ -158,15 +158,16 @@ def _cpu_during(a: dict | None, b: dict | None) -> dict | None:
 
 
 class _LogTimes(logging.Handler):
-    """Keeps cutetune's launcher messages (quack's import time, each kernel's first launch)
-    with their time since the last ``restart()``."""
+    """Keeps cutetune's launcher messages (quack's import time, each kernel's first launch,
+    also of the fused SwiGLU kernel) with their time since the last ``restart()``."""
 
     def __init__(self):
         super().__init__(logging.INFO)
         self.restart()
-        logger = logging.getLogger("cutetune.tuner.launcher")
-        logger.setLevel(logging.INFO)
-        logger.addHandler(self)
+        for name in ("cutetune.tuner.launcher", "cutetune.tuner.swiglu"):
+            logger = logging.getLogger(name)
+            logger.setLevel(logging.INFO)
+            logger.addHandler(self)
 
     def restart(self) -> None:
         self.t0, self.events = time.perf_counter(), []
@@ -180,6 +181,7 @@ def _kernel_counts(code: str) -> dict:
         "quack": len(re.findall(r"extern_kernels\.cutetune_quack_(?:add)?mm\(", code)),
         "aten": len(re.findall(r"extern_kernels\.(?:mm|addmm|bmm|bias_addmm)\(", code)),
         "triton_template": len(re.findall(r"\btriton_tem_\w+\.run\(", code)),
+        "quack_swiglu": code.count("torch.ops.cutetune.mm_silu_mul.default("),
     }
 
 
@@ -590,7 +592,7 @@ def run_cpu(args) -> dict:
     from cutetune.space.problem import GemmProblem
     from cutetune.tuner import heuristics as hz
     from cutetune.tuner.inductor import (QUACK_LAUNCH_HOST_US, REDUCED_TOP_K, decide,
-                                         triton_candidates)
+                                         decide_swiglu, triton_candidates)
 
     if args.heuristics:
         path, source = Path(args.heuristics), "given file"
@@ -671,6 +673,10 @@ def run_cpu(args) -> dict:
         # the launch costs' worst-case step over the best choice for the host, across the host
         # speeds they span: above 1.01, no one choice keeps every host within 1 %
         "graph_triton_least_regret": regret,
+        # the MLP's up projection fused with silu(gate) * (its product) into one quack GEMM
+        # (tuner/swiglu.py), and the config, or None: left to the choices above
+        "swiglu_fusion": {f"mlp_m{m}": (lambda c: c and c.short())(decide_swiglu(
+            GemmProblem(m, INTER, HIDDEN, b_major="k"), h, QUACK_LAUNCH_HOST_US)) for m in MS},
     }
 
 

@@ -57,6 +57,16 @@
 #      (GPU kernels against step time) in six fresh processes at M=1
 #   exh  Inductor's exhaustive Triton mm list swept on the MLP's GEMMs at M 1 and 16, and its
 #      four fastest per shape retimed
+#   swiglu  (after cutetune fused SwiGLU's pointwise product into its up projection's quack GEMM)
+#      the fused kernel's GPU tests, then its times against cuBLAS + Inductor's pointwise kernel
+#      on Llama-3-8B's up projection (scripts/swiglu_bench.py)
+#   swiglu_steps  every mode's MLP steps in one process at M 1024 4096 8192, predicted fusing
+#   swiglu2  the fused kernel's times on four more model families' up projections at M 1024 to
+#      4096, then the Llama MLP's steps at M 2048 4096 8192 with 30 rounds
+#   swiglu3  (after the heuristics took the measured fusions) the fused kernel's GPU tests, every
+#      mode's MLP steps in one process at M 1024 4096 8192, then compile times at M=4096
+#   swiglu4  the fused kernel's GPU tests (with a reload from the FX-graph cache) and the
+#      compiled MLP's tests of the Inductor integration, then the MLP's steps at M 2048 4096 8192
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -67,6 +77,12 @@ DEADLINE=$(( $(date +%s) + ${CUTETUNE_CALL_S:-560} ))
 left() { echo $(( DEADLINE - $(date +%s) - ${1:-0} )); }
 E2E=/tmp/e2e
 export PYTHONUNBUFFERED=1 QUACK_CACHE_DIR=/tmp/quack-cache PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# quack fingerprints an epilogue's functions by source unless they are installed code, which it
+# tells by a site-packages folder in their path; the bundle installs into /tmp/gpu-site, where
+# cutlass's internals would be fingerprinted too and fail (a ContextVar has no key). So the
+# bundle is imported through a path that says site-packages, as a pip install's would.
+mkdir -p /tmp/gpu-env && ln -sfn /tmp/gpu-site /tmp/gpu-env/site-packages
+export PYTHONPATH=${PYTHONPATH//\/tmp\/gpu-site/\/tmp\/gpu-env\/site-packages}
 mkdir -p "$E2E/code" "$OUT"
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
   --format=csv -lms 500 > "$E2E/smi_$CALL.csv" 2>&1 &
@@ -84,6 +100,14 @@ host_bound_steps() {  # host_bound_steps TAG RESERVE_S: the GPU tests of host-bo
   for m in 1 16 128; do
     timeout "$(left "$2")" python scripts/step_ab.py --m "$m" --out "$E2E/ab_$1_m$m.json" \
       --save-code "$E2E/code_$1" --pin-cpu 6 2>&1 | tail -n 1 | tee -a "$E2E/ab.log"
+  done
+}
+mlp_steps() {  # mlp_steps TAG ROUNDS RESERVE_S "MODES" M...: the MLP's steps in one process per M
+  local tag=$1 rounds=$2 reserve=$3 modes=$4; shift 4
+  for m in "$@"; do
+    timeout "$(left "$reserve")" python scripts/step_ab.py --m "$m" --workloads mlp \
+      --rounds "$rounds" --modes $modes --out "$E2E/ab_${tag}_m$m.json" \
+      --save-code "$E2E/code_$tag" --pin-cpu 6 2>&1 | tail -n 1 | cut -c 1-600 | tee -a "$E2E/ab.log"
   done
 }
 case $CALL in
@@ -252,6 +276,29 @@ host_bound" -q -p no:cacheprovider 2>&1 | tail -n 3 | tee "$E2E/gpu_tests_$CALL.
     timeout "$(left 10)" python scripts/triton_mm_retime.py --sweep "$E2E/triton_mm_exh.jsonl" \
       --top 4 --out "$E2E/h200_bf16_retimed_exh.jsonl" --budget-s "$(left 60)" 2>&1 \
       | tee "$E2E/retime_exh.log" ;;
+  swiglu)
+    timeout 240 python -m pytest -m gpu tests/test_swiglu.py -q -p no:cacheprovider 2>&1 \
+      | tail -n 5 | tee "$E2E/gpu_tests_$CALL.log"
+    timeout "$(left 10)" python scripts/swiglu_bench.py --ms 1024 2048 4096 8192 \
+      --out "$E2E/swiglu_h200.json" 2>&1 | tee "$E2E/swiglu.log" ;;
+  swiglu_steps)
+    mlp_steps swiglu 15 5 "default max-autotune predicted" 1024 4096 8192 ;;
+  swiglu2)
+    timeout "$(left 300)" python scripts/swiglu_bench.py --ms 1024 2048 4096 --shapes 18944:3584 \
+      28672:8192 14336:5120 8192:3072 --out "$E2E/swiglu_families_h200.json" 2>&1 \
+      | grep -v -i "warn\|block_copy\|from cutlass" | tee "$E2E/swiglu_families.log"
+    mlp_steps swiglu2 30 5 "default max-autotune predicted" 2048 4096 8192 ;;
+  swiglu3)
+    timeout 150 python -m pytest -m gpu tests/test_swiglu.py -q -p no:cacheprovider 2>&1 \
+      | tail -n 3 | tee "$E2E/gpu_tests_$CALL.log"
+    mlp_steps swiglu3 20 130 "default max-autotune predicted reduced" 1024 4096 8192
+    bench part_sw3 --ms 4096 --modes default predicted --warm-for predicted --skip-overhead \
+      --budget-s "$(left 10)" ;;
+  swiglu4)
+    timeout 240 python -m pytest -m gpu tests/test_swiglu.py tests/test_inductor.py -k \
+      "swiglu or fused or compiled_llama_mlp or fx_graph_cache" -q -p no:cacheprovider 2>&1 \
+      | tail -n 4 | tee "$E2E/gpu_tests_$CALL.log"
+    mlp_steps swiglu4 20 5 "default max-autotune predicted" 2048 4096 8192 ;;
   tune)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \
       -k "gpu_cli or host_bound" -q -s -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.log" ;;

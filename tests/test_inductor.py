@@ -26,6 +26,7 @@ from cutetune.tuner import heuristics as hz
 from cutetune.tuner import inductor as ci
 from cutetune.tuner import launcher
 from cutetune.tuner.executor import signature_class
+from cutetune.tuner.fusion_pass import SwigluFusionPass
 from cutetune.tuner.heuristics import Grid, Heuristics, HeuristicsError
 
 BF16 = torch.bfloat16
@@ -785,6 +786,10 @@ def test_enable_from_env(tmp_path):
     with ci.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_MODEL": path}) as inst:
         assert inst.factory.mode == "predicted" and inst.factory.top_k == 1
         assert inst.factory.source == Heuristics.load(path).digest
+        assert isinstance(inductor_config.post_grad_custom_post_pass, SwigluFusionPass)
+    with ci.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_MODEL": path,
+                             "CUTETUNE_FUSE_SWIGLU": "0"}):
+        assert not isinstance(inductor_config.post_grad_custom_post_pass, SwigluFusionPass)
     with ci.enable_from_env({"CUTETUNE_MODE": "reduced", "CUTETUNE_TOPK": "3",
                              "CUTETUNE_MODEL": path,
                              "CUTETUNE_FEEDBACK": str(tmp_path / "fb")}) as inst:
@@ -794,6 +799,8 @@ def test_enable_from_env(tmp_path):
         ci.enable_from_env({"CUTETUNE_MODE": "fast"})
     with pytest.raises(ValueError, match="CUTETUNE_TOPK='four'"):
         ci.enable_from_env({"CUTETUNE_MODE": "reduced", "CUTETUNE_TOPK": "four"})
+    with pytest.raises(ValueError, match="CUTETUNE_FUSE_SWIGLU='yes'"):
+        ci.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_FUSE_SWIGLU": "yes"})
 
 
 def test_default_model_needs_packaged_heuristics(tmp_path, monkeypatch):

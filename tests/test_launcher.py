@@ -233,7 +233,7 @@ def test_background_import_starts_once_and_logs_a_failure(monkeypatch, caplog):
     finally:
         launcher.import_quack_in_background.cache_clear()
     assert calls == [1] and not thread.is_alive()
-    assert "background import of quack failed (ImportError: no quack here)" in caplog.text
+    assert "background import for quack failed (ImportError: no quack here)" in caplog.text
 
 
 GPU_BLIND_LAUNCHES = textwrap.dedent("""

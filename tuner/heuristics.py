@@ -9,7 +9,9 @@ exact entry when there is one, else the grid cell nearest in log space: a cell's
 the model's picks for the cell's own shape, which is why the grid is log-spaced (tile and wave
 effects change with ratios, not differences).
 
-A file may also hold a Triton table (``--triton-sweep``): the Inductor Triton mm config that
+A file may also hold the SwiGLU fusions measured on the GPU (``--swiglu-bench``): per
+measured up projection, the fused config that ran it fastest where that beat the unfused
+default, else none (``swiglu.fusion_config`` asks it before its rule). And a Triton table (``--triton-sweep``): the Inductor Triton mm config that
 predicted mode gives, without benchmarking, to a host-bound and memory-bound mm, which
 cutetune leaves to Inductor, and the launch costs (``--triton-retimed``, ``--triton-steps``)
 that say which of a graph's such mm should take them (``models/triton_mm.py``).
@@ -118,11 +120,13 @@ class Heuristics:
     def __init__(self, arch: str, dtype: str, top_k: int, grid: Grid,
                  configs: tuple[KernelConfig, ...], cells: list[Entry | None],
                  exact: dict[str, Entry], meta: dict | None = None, digest: str = "",
-                 triton: TritonTable | None = None) -> None:
+                 triton: TritonTable | None = None,
+                 swiglu: dict[str, int | None] | None = None) -> None:
         self.arch, self.dtype, self.top_k, self.grid = arch, dtype, top_k, grid
         self.configs, self.cells, self.exact = configs, cells, exact
         self.meta = meta or {}
         self.triton = triton
+        self.swiglu = swiglu or {}  # problem key -> index of its fused config, or None
         self.digest = digest or _digest(json.dumps(self.to_json(), sort_keys=True).encode())
         self._locate = [_Locator(v) for v in (grid.batch, grid.m, grid.n, grid.k)]
         self._dims = (len(grid.batch), len(grid.m), len(grid.n), len(grid.k))
@@ -138,6 +142,16 @@ class Heuristics:
             return (), True
         aten, idx = entry
         return tuple(self.configs[i] for i in idx), aten
+
+    def swiglu_config(self, problem: GemmProblem) -> tuple[bool, KernelConfig | None]:
+        """Whether the GPU measured the SwiGLU fusion of ``problem`` (an up projection), and
+        the config to fuse it with (None: the unfused default was faster)."""
+        self._check(problem)
+        key = problem.key()
+        if key not in self.swiglu:
+            return False, None
+        i = self.swiglu[key]
+        return True, None if i is None else self.configs[i]
 
     def triton_config(self, problem: GemmProblem, measured_only: bool = False
                       ) -> dict[str, int] | None:
@@ -179,6 +193,7 @@ class Heuristics:
             "grid": self.grid.to_json(), "cells": [enc(e) for e in self.cells],
             "exact": {k: enc(e) for k, e in sorted(self.exact.items())}, "meta": self.meta,
             **({"triton_mm": self.triton.to_json()} if self.triton is not None else {}),
+            **({"swiglu": dict(sorted(self.swiglu.items()))} if self.swiglu else {}),
         }
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -247,8 +262,12 @@ class Heuristics:
             raise HeuristicsError(f"{len(cells)} cells for a grid of {grid.size}")
         exact = {str(k): dec(e) for k, e in d["exact"].items()}
         triton = TritonTable.from_json(d["triton_mm"]) if "triton_mm" in d else None
+        swiglu = {str(k): v for k, v in d.get("swiglu", {}).items()}
+        if any(v is not None and (not isinstance(v, int) or not 0 <= v < n_cfg)
+               for v in swiglu.values()):
+            raise HeuristicsError("bad SwiGLU entry: not a config index or null")
         return cls(arch, dtype, int(d["top_k"]), grid, configs, cells, exact, d.get("meta"),
-                   digest, triton)
+                   digest, triton, swiglu)
 
 
 def _digest(data: bytes) -> str:
@@ -280,6 +299,9 @@ class PackagedHeuristics:
 
     def lookup(self, problem: GemmProblem) -> tuple[tuple[KernelConfig, ...], bool]:
         return self._file(problem).lookup(problem)
+
+    def swiglu_config(self, problem: GemmProblem) -> tuple[bool, KernelConfig | None]:
+        return self._file(problem).swiglu_config(problem)
 
     def triton_config(self, problem: GemmProblem, measured_only: bool = False
                       ) -> dict[str, int] | None:
@@ -324,10 +346,12 @@ def build(model, arch: str, dtype: str, top_k: int = FILE_TOP_K, grid: Grid = Gr
           problems: Iterable[GemmProblem] = (), meta: dict | None = None,
           progress: Callable[[int, int], None] | None = None,
           measured: Mapping[str, Pick] | None = None,
-          triton: TritonTable | None = None) -> Heuristics:
+          triton: TritonTable | None = None,
+          swiglu: Mapping[str, KernelConfig | None] | None = None) -> Heuristics:
     """Freeze ``model``'s picks for every grid cell and for each of ``problems`` on
     (arch, dtype) into a Heuristics table; a problem in ``measured`` (by key) gets that pick
-    instead of the model's (see ``measured_picks``). ``triton`` rides along as it is."""
+    instead of the model's (see ``measured_picks``). ``triton`` rides along as it is, and
+    ``swiglu`` (problem key -> fused config or None, ``swiglu.measured_fusions``) too."""
     source = ModelHeuristics(model, top_k)
     index: dict[KernelConfig, int] = {}
     measured = measured or {}
@@ -342,8 +366,11 @@ def build(model, arch: str, dtype: str, top_k: int = FILE_TOP_K, grid: Grid = Gr
         if progress and (i + 1) % 1000 == 0:
             progress(i + 1, grid.size)
     exact = {p.key(): entry(p) for p in problems if (p.arch, p.dtype) == (arch, dtype)}
+    fused = {k: None if c is None else index.setdefault(c, len(index))
+             for k, c in (swiglu or {}).items()}
     configs = tuple(sorted(index, key=index.__getitem__))
-    return Heuristics(arch, dtype, top_k, grid, configs, cells, exact, meta, triton=triton)
+    return Heuristics(arch, dtype, top_k, grid, configs, cells, exact, meta, triton=triton,
+                      swiglu=fused)
 
 
 # A recorded problem keeps ATen unless its best measured config beat the measured cuBLAS time
@@ -456,6 +483,22 @@ def _triton_table(args) -> TritonTable:
     return TritonTable.from_sweep(shapes, costs)
 
 
+def _swiglu_table(args) -> dict[str, KernelConfig | None]:
+    """``swiglu.measured_fusions`` of the ``--swiglu-bench`` files on (arch, dtype); a problem
+    in several files takes the last file's."""
+    from cutetune.cli import UserError
+    from cutetune.tuner.swiglu import measured_fusions
+
+    table: dict[str, KernelConfig | None] = {}
+    for path in args.swiglu_bench or ():
+        try:
+            table.update(measured_fusions(json.loads(Path(path).read_text()), args.arch,
+                                          args.dtype))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UserError(f"SwiGLU benchmark {path}: {type(e).__name__}: {e}") from None
+    return table
+
+
 def _cmd_emit(args) -> int:
     from cutetune.cli import UserError
 
@@ -469,21 +512,26 @@ def _cmd_emit(args) -> int:
     problems, measured = (_recorded(args.dataset, args.arch, args.dtype, args.top_k,
                                     args.exact_margin) if args.dataset else ([], {}))
     triton = _triton_table(args) if args.triton_sweep else None
+    swiglu = _swiglu_table(args)
     meta = {"model": str(args.model), "model_digest": _digest(Path(args.model).read_bytes())
             if Path(args.model).is_file() else None,
             "dataset": args.dataset, "exact_margin": args.exact_margin,
             "triton_sweep": args.triton_sweep, "triton_retimed": args.triton_retimed,
-            "triton_steps": args.triton_steps, "created": time.time()}
+            "triton_steps": args.triton_steps, "swiglu_bench": args.swiglu_bench,
+            "created": time.time()}
     t0 = time.perf_counter()
     h = build(model, args.arch, args.dtype, args.top_k, grid, problems, meta,
               progress=lambda i, n: print(f"  {i}/{n} cells", flush=True), measured=measured,
-              triton=triton)
+              triton=triton, swiglu=swiglu)
     path = h.save(args.out)
     quack = sum(not aten for aten, _ in h.exact.values())
     print(f"wrote {path}: {grid.size} grid cells, {len(h.exact)} recorded problems "
           f"({len(measured)} picked from measurements, {quack} of them CuteDSL), "
           f"{len(h.configs)} distinct configs, {path.stat().st_size / 1024:.0f} KiB, "
           f"digest {h.digest} ({time.perf_counter() - t0:.1f} s)")
+    if swiglu:
+        print(f"SwiGLU: {len(swiglu)} up projections measured, "
+              f"{sum(c is not None for c in swiglu.values())} fused")
     if triton is not None:
         print(f"Triton table: {len(triton.picks)} picks, M buckets "
               f"{sorted({b for _, b, _ in triton.picks})}, "
@@ -546,6 +594,10 @@ def register(subparsers) -> None:
                    help="step benchmarks (scripts/step_ab.py --report) whose host times per "
                    "launch, with --triton-retimed, decide which of a graph's mm take their "
                    "Triton configs")
+    p.add_argument("--swiglu-bench", nargs="+", metavar="JSON",
+                   help="fused SwiGLU GPU times (scripts/swiglu_bench.py): a measured up "
+                   "projection fuses with its fastest config where that beat the unfused "
+                   "default, and stays unfused where none did")
     p.add_argument("--batches", type=_positive_ints, default=[1],
                    help="grid batch values, comma-separated (default 1: bmm uses the cell of "
                    "its per-batch shape)")

@@ -33,6 +33,11 @@ node's pointwise epilogue, but on the GPU it mostly runs longer than cuBLAS
 (data/triton_mm/h200_bf16_retimed_top4.jsonl), and on compute-bound GEMMs much longer
 (data/bench/step_h200_hostbound.json).
 
+Both modes also install a post-grad pass (``fusion_pass.py``) that runs a SwiGLU MLP's
+``silu(gate) * (x @ W_up)`` as one quack GEMM with the product in its epilogue
+(``swiglu.py``), where the up projection is not host-bound and the heuristics say so: Inductor
+cannot fuse the pointwise kernel into an extern GEMM, and cuBLAS has no such kernel.
+
 Compile-time decisions come from the heuristics file (``heuristics.py``), not the cost model,
 so lowering stays cheap. The installed choices are part of Inductor's FX-graph cache key
 (``uuid()`` on 2.13, the pickled factory on 2.11): mode, top-k, the heuristics' digest and
@@ -77,7 +82,8 @@ from cutetune.space.features import ceiling_times_s
 from cutetune.space.problem import GemmProblem, ProblemError
 from cutetune.space.rules import is_valid
 
-from . import launcher, template_cache
+from . import launcher, swiglu, template_cache
+from .fusion_pass import SwigluFusionPass
 from .heuristics import Heuristics, HeuristicsError, ModelHeuristics, PackagedHeuristics
 from .measure import environment
 from .executor import signature_class
@@ -98,7 +104,8 @@ PRIMARY_ATEN = {"mm": "aten::mm", "addmm": "aten::addmm", "bmm": "aten::bmm"}
 ATEN_KERNELS = ("mm", "addmm", "bmm", "bias_addmm")  # extern names whose timings are cuBLAS
 FEEDBACK_SUITE = "inductor_feedback"
 TRITON_FEEDBACK = "triton_mm.jsonl"  # in the feedback dataset folder: Triton sweep rows
-ENV_VARS = ("CUTETUNE_MODE", "CUTETUNE_TOPK", "CUTETUNE_MODEL", "CUTETUNE_FEEDBACK")
+ENV_VARS = ("CUTETUNE_MODE", "CUTETUNE_TOPK", "CUTETUNE_MODEL", "CUTETUNE_FEEDBACK",
+            "CUTETUNE_FUSE_SWIGLU")
 
 device_arch = launcher.device_arch  # module attribute so tests can stand in for a GPU
 
@@ -502,6 +509,7 @@ def host_bound_us() -> float:
 
 # The modules whose code decides what a node's generated code calls.
 DECISION_MODULES = ("cutetune.tuner.inductor", "cutetune.tuner.launcher",
+                    "cutetune.tuner.swiglu", "cutetune.tuner.fusion_pass",
                     "cutetune.tuner.heuristics", "cutetune.models.triton_mm",
                     "cutetune.space.features", "cutetune.space.rules", "cutetune.space.config",
                     "cutetune.space.problem", "cutetune.space.device")
@@ -533,6 +541,27 @@ class ChoicesFactory:
             raise RuntimeError(f"cutetune heuristics {self.source} are not loaded in this "
                                "process: call cutetune.tuner.inductor.enable() first")
         return CuteTuneChoices(self.mode, self.top_k, self.source)
+
+
+def decide_swiglu(problem: GemmProblem, heuristics, host_bound_us: float
+                  ) -> KernelConfig | None:
+    """The config to fuse SwiGLU's pointwise product into ``problem`` (its up projection)
+    with, or None: not where the GEMM is host-bound (a quack launch would cost the step more
+    host time than the fusion saves on the GPU), else ``swiglu.fusion_config``."""
+    if host_bound(problem, host_bound_us) is not None:
+        return None
+    try:
+        return swiglu.fusion_config(problem, heuristics)
+    except HeuristicsError:
+        return None
+
+
+def swiglu_fusion_pass(factory: ChoicesFactory, user_pass) -> SwigluFusionPass:
+    """The post-grad pass that fuses SwiGLU (``swiglu.py``) as ``decide_swiglu`` says."""
+    heuristics = _SOURCES[factory.source]
+    key = f"{factory.mode}:{factory.source}:{factory.code}"
+    return SwigluFusionPass(lambda p: decide_swiglu(p, heuristics, host_bound_us()), key,
+                            lambda device: device_arch(device), user_pass)
 
 
 # ---------------------------------------------------------------- feedback
@@ -731,12 +760,19 @@ def _resolve_source(model) -> str:
 class Installation:
     """An active ``enable()``: a context manager, or call ``disable()``. Restores the previous
     ``inductor_choices_class``, this thread's choices handler, the feedback savers, the
-    prefetcher source, the preprocessing hook that waits for it and Triton's cache manager."""
+    prefetcher source, the preprocessing hook that waits for it, Triton's cache manager and
+    the post-grad pass that fuses SwiGLU."""
 
     def __init__(self, factory: ChoicesFactory | None, feedback: FeedbackRecorder | None,
-                 prefetch_for=None) -> None:
+                 prefetch_for=None, fuse_swiglu: bool = False) -> None:
         global _prefetch_for
         self.factory, self.feedback = factory, feedback
+        self._prev_post_pass = inductor_config.post_grad_custom_post_pass
+        user_pass = (self._prev_post_pass.user_pass
+                     if isinstance(self._prev_post_pass, SwigluFusionPass) else self._prev_post_pass)
+        inductor_config.post_grad_custom_post_pass = (
+            swiglu_fusion_pass(factory, user_pass) if factory is not None and fuse_swiglu
+            else user_pass)
         self._prev_manager = template_cache.install() if factory is not None else _UNSET
         self._prev_prefetch, _prefetch_for = _prefetch_for, prefetch_for
         self._prev_class = inductor_config.inductor_choices_class
@@ -764,6 +800,7 @@ class Installation:
         if self._prev_manager is not _UNSET:
             template_cache.uninstall(self._prev_manager)
         inductor_config.inductor_choices_class = self._prev_class
+        inductor_config.post_grad_custom_post_pass = self._prev_post_pass
         _swap_thread_handler(self._prev_handler)
         cache = get_algorithm_selector_cache()
         if self.feedback is not None and self.feedback in cache.feedback_saver_fns:
@@ -779,7 +816,8 @@ class Installation:
 
 
 def enable(mode: str = "predicted", top_k: int | None = None, model=None,
-           feedback: str | os.PathLike | None = None, prefetch=True) -> Installation:
+           feedback: str | os.PathLike | None = None, prefetch=True,
+           fuse_swiglu: bool = True) -> Installation:
     """Install cutetune's choices into Inductor; use as a function or a context manager.
 
     ``model``: a heuristics file (``cutetune emit``), an object with ``lookup(problem)``, or a
@@ -789,7 +827,8 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
     compile each graph's candidate kernels in parallel worker processes, started now so they
     load while Dynamo traces (True), not at all (False), or a callable ``arch -> object with
     submit(kernels)``. Both modes keep the Triton template kernels they lead Inductor to
-    compile in cutetune's kernel cache (``tuner/template_cache.py``).
+    compile in cutetune's kernel cache (``tuner/template_cache.py``), and with ``fuse_swiglu``
+    run ``silu(g) * mm(x, w)`` as one quack GEMM where it is not host-bound (``swiglu.py``).
     """
     if mode not in MODES:
         raise ValueError(f"unknown cutetune mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -813,13 +852,13 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
         if arch and prefetch is True:
             shared_prefetcher(arch).start()
     return Installation(factory, FeedbackRecorder(feedback) if feedback is not None else None,
-                        prefetch_for)
+                        prefetch_for, fuse_swiglu)
 
 
 def enable_from_env(environ=None) -> Installation | None:
     """``enable()`` configured by CUTETUNE_MODE (predicted | reduced | off; unset = off),
-    CUTETUNE_TOPK, CUTETUNE_MODEL (heuristics file) and CUTETUNE_FEEDBACK (dataset folder).
-    Returns None when the mode is off."""
+    CUTETUNE_TOPK, CUTETUNE_MODEL (heuristics file), CUTETUNE_FEEDBACK (dataset folder) and
+    CUTETUNE_FUSE_SWIGLU (1, the default, or 0). Returns None when the mode is off."""
     env = os.environ if environ is None else environ
     mode = env.get("CUTETUNE_MODE", "").strip().lower() or "off"
     if mode not in MODES:
@@ -831,7 +870,10 @@ def enable_from_env(environ=None) -> Installation | None:
             top_k = int(env["CUTETUNE_TOPK"])
         except ValueError:
             raise ValueError(f"CUTETUNE_TOPK={env['CUTETUNE_TOPK']!r} is not an integer") from None
+    fuse = env.get("CUTETUNE_FUSE_SWIGLU", "").strip() or "1"
+    if fuse not in ("0", "1"):
+        raise ValueError(f"CUTETUNE_FUSE_SWIGLU={env['CUTETUNE_FUSE_SWIGLU']!r}; expected 0 or 1")
     if mode == "off":
         return None
     return enable(mode, top_k=top_k, model=env.get("CUTETUNE_MODEL") or None,
-                  feedback=env.get("CUTETUNE_FEEDBACK") or None)
+                  feedback=env.get("CUTETUNE_FEEDBACK") or None, fuse_swiglu=fuse == "1")

@@ -158,13 +158,18 @@ def unsupported_reason(a, b, out, config, c=None, beta: float = 1.0) -> str | No
             if a.dim() != 2:
                 raise ProblemError("an addend is for addmm (2D operands) only")
             addend_kind(c.shape, c.stride(), c.dtype, out.dtype, problem.m, problem.n, beta)
-        bad = violations(config, arch, problem)
-        if bad:
-            raise ProblemError(f"config {config.short()} breaks rule(s) "
-                               f"{', '.join(r.name for r in bad)} on {arch}")
+        check_config(config, arch, problem)
     except ProblemError as e:
         return str(e)
     return None
+
+
+def check_config(config: KernelConfig, arch: str, problem: GemmProblem) -> None:
+    """ProblemError naming the validity rules ``config`` breaks for ``problem``, if any."""
+    bad = violations(config, arch, problem)
+    if bad:
+        raise ProblemError(f"config {config.short()} breaks rule(s) "
+                           f"{', '.join(r.name for r in bad)} on {arch}")
 
 
 def _build_plan(a, b, out, config: KernelConfig, c, beta) -> _Plan:
@@ -216,23 +221,28 @@ def import_quack() -> None:
     _quack()
 
 
-@lru_cache(maxsize=None)
-def import_quack_in_background() -> threading.Thread:
-    """Start importing quack in a daemon thread (once per process), for a compile that has
-    just chosen a quack kernel: the import then overlaps the rest of the compile wherever that
-    releases the GIL (Triton compile workers, disk, the GPU) instead of all landing on the
-    first launch. A failed import is logged; the first launch retries it and raises there."""
+def in_background(load, name: str) -> threading.Thread:
+    """Run ``load()`` (an import of quack's modules) in a daemon thread, for a compile that
+    has just chosen a quack kernel: the import then overlaps the rest of the compile wherever
+    that releases the GIL (Triton compile workers, disk, the GPU) instead of all landing on the
+    first launch. A failure is logged; the first launch retries the import and raises there."""
 
     def run():
         try:
-            _quack()
+            load()
         except Exception as e:  # noqa: BLE001
-            log.warning("cutetune: background import of quack failed (%s: %s)",
+            log.warning("cutetune: background import for %s failed (%s: %s)", name,
                         type(e).__name__, e)
 
-    thread = threading.Thread(target=run, name="cutetune-import-quack", daemon=True)
+    thread = threading.Thread(target=run, name=f"cutetune-import-{name}", daemon=True)
     thread.start()
     return thread
+
+
+@lru_cache(maxsize=None)
+def import_quack_in_background() -> threading.Thread:
+    """``in_background`` for quack's GEMM entry point, once per process."""
+    return in_background(_quack, "quack")
 
 
 def _launch(plan: _Plan, a, b, out, c, alpha, beta) -> None:

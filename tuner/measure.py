@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cutetune.space.config import KernelConfig
-from cutetune.space.problem import GemmProblem
+from cutetune.space.problem import DTYPE_BYTES, GemmProblem
 
 REL_ERR_BOUND = {"bf16": 2e-2, "fp16": 5e-3}
 L2_MULTIPLE = 3
@@ -98,18 +98,20 @@ def environment() -> dict:
 
 
 class ProblemBuffers:
-    """Rotating operand sets for one problem plus its fp32 reference (set 0)."""
+    """Rotating operand sets for one problem plus its fp32 reference (set 0). With ``gated``
+    each set also holds a gate tensor G shaped like D, and the reference is silu(G) * (A @ B):
+    the fused SwiGLU GEMM's (``swiglu.py``)."""
 
-    def __init__(self, problem: GemmProblem, l2_bytes: int, seed: int = 0):
+    def __init__(self, problem: GemmProblem, l2_bytes: int, seed: int = 0, gated: bool = False):
         import torch
 
         self.problem = problem
         dt = {"bf16": torch.bfloat16, "fp16": torch.float16}
         p = problem
-        per_set = p.min_bytes
+        lead = (p.batch,) if p.batch > 1 else ()
+        per_set = p.min_bytes + (p.batch * p.m * p.n * DTYPE_BYTES[p.out_dtype] if gated else 0)
         self.n_sets = max(2, min(4096, math.ceil(L2_MULTIPLE * l2_bytes / per_set)))
         g = torch.Generator(device="cuda").manual_seed(seed)
-        lead = (p.batch,) if p.batch > 1 else ()
         ab = dt[p.dtype]
         # One allocation per operand for all sets (thousands of sets for tiny problems).
         a_all = torch.randn(self.n_sets, *lead, p.m, p.k, device="cuda", dtype=ab, generator=g)
@@ -122,9 +124,15 @@ class ProblemBuffers:
         else:
             b_all = torch.randn(self.n_sets, *lead, p.k, p.n, device="cuda", dtype=ab, generator=g)
         d_all = torch.empty(self.n_sets, *lead, p.m, p.n, device="cuda", dtype=dt[p.out_dtype])
-        self.sets = [(a_all[i], b_all[i], d_all[i]) for i in range(self.n_sets)]
-        a, b, _ = self.sets[0]
+        operands = [a_all, b_all, d_all]
+        if gated:
+            operands.append(torch.randn(self.n_sets, *lead, p.m, p.n, device="cuda",
+                                        dtype=dt[p.out_dtype], generator=g))
+        self.sets = [tuple(t[i] for t in operands) for i in range(self.n_sets)]
+        a, b = self.sets[0][:2]
         self.ref = torch.matmul(a.float(), b.float())
+        if gated:
+            self.ref = torch.nn.functional.silu(self.sets[0][3].float()) * self.ref
         self.ref_norm = torch.linalg.vector_norm(self.ref)
 
 
@@ -141,14 +149,14 @@ def _buffers(problem: GemmProblem) -> ProblemBuffers:
 
 
 def time_launches(fn, buf: ProblemBuffers, policy: TimingPolicy) -> tuple[list[float], float]:
-    """Check numerics on set 0, then time launches over rotating sets. ``fn(a, b, d)`` writes
-    the product into ``d`` or returns it (a compiled graph allocates its own output). Returns
-    (times in ms, sorted; relative error)."""
+    """Check numerics on set 0, then time launches over rotating sets. ``fn(a, b, d)`` (with
+    ``gated`` buffers ``fn(a, b, d, g)``) writes the result into ``d`` or returns it (a
+    compiled graph allocates its own output). Returns (times in ms, sorted; relative error)."""
     import torch
 
-    a, b, d = buf.sets[0]
+    d = buf.sets[0][2]
     d.fill_(float("nan"))
-    res = fn(a, b, d)
+    res = fn(*buf.sets[0])
     got = d if res is None else res
     err = torch.linalg.vector_norm(got.float() - buf.ref) / buf.ref_norm
     # Warm-up doubles as the estimate of kernel time (sets the repeats) and of host launch

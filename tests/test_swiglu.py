@@ -1,0 +1,398 @@
+"""The fused SwiGLU GEMM (tuner/swiglu.py) and the post-grad pass that puts it into graphs
+(tuner/fusion_pass.py): rewrites, decisions and the ATen fallback on the CPU; quack's fused
+kernel on the GPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._inductor import config as inductor_config
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.utils import run_and_get_code
+
+from cutetune.space.config import KernelConfig
+from cutetune.space.problem import GemmProblem
+from cutetune.tuner import inductor as ci
+from cutetune.tuner import swiglu
+from cutetune.tuner.fusion_pass import SwigluFusionPass
+from cutetune.tuner.heuristics import PackagedHeuristics
+
+BF16 = torch.bfloat16
+DATA = Path(__file__).resolve().parent.parent / "data"
+SPLIT = KernelConfig(tile_m=128, tile_n=128, split_k=2)
+PLAIN = KernelConfig(tile_m=128, tile_n=128, pingpong=False)
+
+
+def P(m, n=14336, k=4096):
+    return GemmProblem(m=m, n=n, k=k, dtype="bf16", out_dtype="bf16", a_major="k", b_major="k",
+                       arch="sm90")
+
+
+class Table:
+    """A heuristics stand-in: these configs for every problem."""
+
+    def __init__(self, *configs):
+        self.configs = configs
+
+    def lookup(self, problem):
+        return self.configs, True
+
+
+def _mlp(dtype, inter=64, hidden=32, order="gate_first"):
+    g = torch.Generator().manual_seed(0)
+    wg, wu, wd = (torch.randn(s, generator=g, dtype=dtype) / 8
+                  for s in ((inter, hidden), (inter, hidden), (hidden, inter)))
+
+    def mlp(x):
+        gate, up = F.linear(x, wg), F.linear(x, wu)
+        h = F.silu(gate) * up if order == "gate_first" else up * F.silu(gate)
+        return F.linear(h, wd)
+
+    return mlp
+
+
+def _compile(fn, x, fusion_pass):
+    torch._dynamo.reset()
+    prev = inductor_config.post_grad_custom_post_pass
+    inductor_config.post_grad_custom_post_pass = fusion_pass
+    try:
+        with inductor_config.patch(fx_graph_cache=False):
+            out, code = run_and_get_code(torch.compile(fn), x)
+    finally:
+        inductor_config.post_grad_custom_post_pass = prev
+    return out, "".join(code)
+
+
+@pytest.mark.parametrize("order", ["gate_first", "up_first"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_pass_rewrites_silu_times_mm_into_the_fused_op(dtype, order):
+    """Both operand orders and both 16-bit dtypes match (the pattern is traced from silu, as
+    this torch decomposes it); the graph's result stays right (on the CPU the op runs ATen)."""
+    fusion = SwigluFusionPass(lambda p: PLAIN, "k", lambda device: "sm90")
+    mlp, x = _mlp(dtype, order=order), torch.randn(16, 32, dtype=dtype)
+    out, code = _compile(mlp, x, fusion)
+    assert "torch.ops.cutetune.mm_silu_mul.default(" in code
+    assert [(p.m, p.n, p.k) for p, _ in fusion.fused] == [(16, 64, 32)]
+    assert fusion.fused[0][1] == PLAIN
+    ref = mlp(x)
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+
+
+def test_pass_leaves_graphs_it_should_not_fuse():
+    """No fusion where the decision says None, for fp32 (quack runs 16-bit types), or where
+    the device is not one quack runs on; the graph compiles as Inductor's own."""
+    for decide, arch, dtype in ((lambda p: None, "sm90", BF16),
+                                (lambda p: PLAIN, "sm90", torch.float32),
+                                (lambda p: PLAIN, None, BF16)):
+        fusion = SwigluFusionPass(decide, "k", lambda device, a=arch: a)
+        _, code = _compile(_mlp(dtype), torch.randn(16, 32, dtype=dtype), fusion)
+        assert "mm_silu_mul" not in code and not fusion.fused
+
+
+def test_pass_leaves_an_up_projection_used_elsewhere():
+    """The mm's product feeds another consumer too: fusing would compute it twice."""
+    w = torch.randn(64, 32, dtype=BF16)
+
+    def fn(x, g):
+        up = x @ w.t()
+        return F.silu(g) * up, up.sum()
+
+    fusion = SwigluFusionPass(lambda p: PLAIN, "k", lambda device: "sm90")
+    torch._dynamo.reset()
+    prev = inductor_config.post_grad_custom_post_pass
+    inductor_config.post_grad_custom_post_pass = fusion
+    try:
+        torch.compile(fn)(torch.randn(16, 32, dtype=BF16), torch.randn(16, 64, dtype=BF16))
+    finally:
+        inductor_config.post_grad_custom_post_pass = prev
+    assert not fusion.fused
+
+
+def test_user_pass_still_runs_and_keys_the_cache():
+    seen = []
+
+    class UserPass(CustomGraphPass):
+        def __call__(self, graph):
+            seen.append(len(graph.nodes))
+
+        def uuid(self):
+            return "user-v1"
+
+    fusion = SwigluFusionPass(lambda p: PLAIN, "k1", lambda device: "sm90", UserPass())
+    _compile(_mlp(BF16), torch.randn(16, 32, dtype=BF16), fusion)
+    assert seen and fusion.fused
+    assert "user-v1" in fusion.uuid() and "k1" in fusion.uuid()
+    assert SwigluFusionPass(lambda p: None, "k2", lambda d: None).uuid() != fusion.uuid()
+
+
+def test_enable_installs_the_pass_and_restores_the_users():
+    class UserPass(CustomGraphPass):
+        def __call__(self, graph):
+            pass
+
+        def uuid(self):
+            return "user"
+
+    user = UserPass()
+    prev = inductor_config.post_grad_custom_post_pass
+    inductor_config.post_grad_custom_post_pass = user
+    try:
+        with ci.enable("predicted"):
+            installed = inductor_config.post_grad_custom_post_pass
+            assert isinstance(installed, SwigluFusionPass) and installed.user_pass is user
+            with ci.enable("reduced", prefetch=False):  # nested: wraps the user's, not ours
+                assert inductor_config.post_grad_custom_post_pass.user_pass is user
+            assert inductor_config.post_grad_custom_post_pass is installed
+            with ci.enable("off"):
+                assert inductor_config.post_grad_custom_post_pass is user
+        assert inductor_config.post_grad_custom_post_pass is user
+        with ci.enable("predicted", fuse_swiglu=False):
+            assert inductor_config.post_grad_custom_post_pass is user
+    finally:
+        inductor_config.post_grad_custom_post_pass = prev
+
+
+def test_pointwise_share_prices_the_saved_traffic_at_the_ceilings():
+    """At K=4096 the pointwise kernel's 3*M*N elements cost 13 % of a compute-bound GEMM on
+    an H200's ceilings; the share falls as 1/K."""
+    assert swiglu.pointwise_share(P(4096)) == pytest.approx(0.1346, abs=1e-3)
+    assert swiglu.pointwise_share(P(4096, k=8192)) == pytest.approx(0.1346 / 2, abs=1e-3)
+
+
+def test_fusion_config_takes_the_first_config_without_split_k():
+    assert swiglu.fusion_config(P(4096), Table(SPLIT, PLAIN)) == PLAIN
+    assert swiglu.fusion_config(P(4096), Table(SPLIT)) is None
+    assert swiglu.fusion_config(P(4096, k=16384), Table(PLAIN)) is None  # share under 8 %
+    batched = GemmProblem(m=4096, n=14336, k=4096, batch=2, dtype="bf16", out_dtype="bf16",
+                          a_major="k", b_major="k", arch="sm90")
+    assert swiglu.fusion_config(batched, Table(PLAIN)) is None
+
+
+def test_the_packaged_heuristics_fuse_the_llama_mlp_where_the_gpu_said_so():
+    """The installed decision on Llama-3-8B's up projection: none at M <= 128 (host-bound:
+    those graphs keep the launch costs' choices); at M 2048 to 8192 the fastest fused config
+    measured (data/bench/swiglu_h200.json); none at M=1024, where every fused config ran
+    slower than the unfused default; the rule's pick at an unmeasured M."""
+    bench = json.loads((DATA / "bench" / "swiglu_h200.json").read_text())
+    measured = swiglu.measured_fusions(bench, "sm90", "bf16")
+    installation = ci.enable("predicted")
+    try:
+        decide = inductor_config.post_grad_custom_post_pass.decide
+        for m in (1, 16, 128):
+            assert decide(P(m)) is None
+        assert measured[P(1024).key()] is None and decide(P(1024)) is None
+        for m in (2048, 4096, 8192):
+            assert decide(P(m)) == measured[P(m).key()] is not None
+        configs, _ = PackagedHeuristics().lookup(P(3000))  # unmeasured: the rule
+        assert decide(P(3000)) == next(c for c in configs if c.split_k == 1)
+    finally:
+        installation.disable()
+
+
+def _bench(unfused, fused, ran_quack=True):
+    rows = [{"variant": "cublas+pointwise", "status": "ok", "time_ms": unfused}]
+    rows += [{"variant": "fused", "status": status, "time_ms": t, "config": c.to_dict(),
+              "ran_quack": ran_quack} for c, t, status in fused]
+    return {"shapes": [{"problem": P(4096).to_dict(), "rows": rows}]}
+
+
+def test_measured_fusions_take_the_fastest_fused_config_that_beats_the_default():
+    key = P(4096).key()
+    got = swiglu.measured_fusions(_bench(1.0, [(PLAIN, 0.9, "ok"), (SPLIT, 0.8, "wrong_result"),
+                                               (KernelConfig(), 0.95, "ok")]), "sm90", "bf16")
+    assert got == {key: PLAIN}
+    assert swiglu.measured_fusions(_bench(1.0, [(PLAIN, 1.1, "ok")]), "sm90", "bf16") == {key: None}
+    # the ATen fallback's timing is not the fused kernel's
+    assert swiglu.measured_fusions(_bench(1.0, [(PLAIN, 0.5, "ok")], ran_quack=False),
+                                   "sm90", "bf16") == {key: None}
+    assert swiglu.measured_fusions(_bench(1.0, [(PLAIN, 0.5, "ok")]), "sm100", "bf16") == {}
+
+
+def test_heuristics_file_carries_the_measured_fusions(tmp_path):
+    """Round trip through the file; a measured problem's answer (a config, or None) wins over
+    the rule; a corrupt entry is named."""
+    from cutetune.tuner import heuristics as hz
+
+    class Model:
+        def rank(self, problem, configs=None, top_k=None):
+            return [(SPLIT, 1.0), (PLAIN, 2.0)][:top_k]
+
+        def prefers_cublas(self, problem):
+            return True
+
+    grid = hz.Grid(m=(1, 4096), n=(64, 16384), k=(64, 4096))
+    table = {P(4096).key(): KernelConfig(tile_m=64, tile_n=256), P(8192).key(): None}
+    path = hz.build(Model(), "sm90", "bf16", grid=grid, swiglu=table).save(tmp_path / "h.json")
+    h = hz.Heuristics.load(path)
+    assert h.swiglu_config(P(4096)) == (True, KernelConfig(tile_m=64, tile_n=256))
+    assert h.swiglu_config(P(8192)) == (True, None) and h.swiglu_config(P(2048)) == (False, None)
+    assert swiglu.fusion_config(P(4096), h) == KernelConfig(tile_m=64, tile_n=256)
+    assert swiglu.fusion_config(P(8192), h) is None
+    assert swiglu.fusion_config(P(2048), h) == PLAIN  # the rule: first config without split-K
+    d = json.loads(path.read_text())
+    d["swiglu"][P(4096).key()] = 10**6
+    path.write_text(json.dumps(d))
+    with pytest.raises(hz.HeuristicsError, match="bad SwiGLU entry"):
+        hz.Heuristics.load(path)
+
+
+def test_cpu_tensors_run_aten():
+    a, b, gate = torch.randn(8, 16), torch.randn(16, 4), torch.randn(8, 4)
+    out = torch.empty(8, 4)
+    assert "not an sm90 or sm100 GPU" in swiglu.unsupported_reason(a, b, gate, out, PLAIN)
+    swiglu.quack_mm_silu_mul_out(a, b, gate, out, PLAIN)
+    torch.testing.assert_close(out, F.silu(gate) * (a @ b))
+    assert not swiglu.runs_quack(a, b, gate, out, PLAIN)
+
+
+def test_unsupported_reasons_name_the_problem(monkeypatch):
+    monkeypatch.setattr(swiglu, "device_arch", lambda device: "sm90")
+    a, b = torch.randn(256, 512, dtype=BF16), torch.randn(512, 1024, dtype=BF16)
+    gate, out = torch.randn(256, 1024, dtype=BF16), torch.empty(256, 1024, dtype=BF16)
+    assert swiglu.unsupported_reason(a, b, gate, out, PLAIN) is None
+    assert "split-K" in swiglu.unsupported_reason(a, b, gate, out, SPLIT)
+    assert "gate is (256, 512)" in swiglu.unsupported_reason(a, b, gate[:, :512], out, PLAIN)
+    assert "gate is" in swiglu.unsupported_reason(a, b, gate.float(), out, PLAIN)
+    assert "2D operands" in swiglu.unsupported_reason(a[None], b[None], gate, out, PLAIN)
+
+
+def test_custom_op_config_round_trips():
+    for config in (PLAIN, SPLIT, KernelConfig(swap_ab=True, is_dynamic_persistent=True)):
+        ints = swiglu.config_ints(config)
+        assert all(type(v) is int for v in ints)
+        a, b, gate = torch.randn(8, 16), torch.randn(16, 4), torch.randn(8, 4)
+        torch.testing.assert_close(torch.ops.cutetune.mm_silu_mul(a, b, gate, ints),
+                                   F.silu(gate) * (a @ b))
+
+
+COMPILE_GPU_BLIND = """
+import json, sys
+from cutetune.tuner.compile import configure_gpu_blind
+configure_gpu_blind("sm90", sys.argv[1])
+from cutetune.space.config import KernelConfig
+from cutetune.tuner import swiglu
+out = []
+for fields in json.loads(sys.argv[2]):
+    try:
+        out.append(["ok", swiglu.compile_kernel(KernelConfig(**fields), "sm90")])
+    except Exception as e:
+        out.append(["error", f"{type(e).__name__}: {e}"])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_fused_kernel_compiles_gpu_blind_for_sm90(tmp_path):
+    """The fused epilogue compiles on a CPU for sm90 (pingpong with a 2x1 cluster, and a
+    swap_ab config as the shipped table holds), leaves kernel objects in quack's cache, and a
+    config quack rejects fails with its reason instead of crashing the process."""
+    import subprocess
+    import sys
+
+    configs = [KernelConfig(tile_m=128, tile_n=192, pingpong=True, cluster_m=2),
+               KernelConfig(tile_m=128, tile_n=128, pingpong=True, cluster_m=1, cluster_n=2,
+                            swap_ab=True),
+               KernelConfig(tile_m=256, tile_n=128, pingpong=True)]  # pingpong tile M <= 192
+    res = subprocess.run([sys.executable, "-c", COMPILE_GPU_BLIND, str(tmp_path),
+                          json.dumps([c.to_dict() for c in configs])],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    results = json.loads(res.stdout.strip().splitlines()[-1])
+    assert [r[0] for r in results] == ["ok", "ok", "error"], results
+    assert all(r[1] > 0 for r in results[:2])
+    assert "CTA tile shape M" in results[2][1]
+    assert len(list(tmp_path.rglob("*.o"))) == 2
+
+
+# ---------------------------------------------------------------- GPU
+gpu = pytest.mark.gpu
+GPU_CONFIGS = (PLAIN, KernelConfig(tile_m=128, tile_n=192, pingpong=True, cluster_m=2),
+               KernelConfig(tile_m=64, tile_n=128, pingpong=False, cluster_m=1, cluster_n=1),
+               KernelConfig(tile_m=128, tile_n=128, pingpong=False, swap_ab=True))
+
+
+@gpu
+@pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda c: c.short())
+def test_gpu_fused_kernel_matches_fp32(config):
+    """quack's fused kernel (not the ATen fallback) for several configs, swap_ab among them,
+    on nn.Linear's transposed weight, against silu(G) * (A @ B) in fp32."""
+    torch.manual_seed(0)
+    a = torch.randn(1000, 2048, device="cuda", dtype=BF16)
+    w = torch.randn(4096, 2048, device="cuda", dtype=BF16)
+    gate = torch.randn(1000, 4096, device="cuda", dtype=BF16)
+    out = torch.full((1000, 4096), float("nan"), device="cuda", dtype=BF16)
+    b = w.t()
+    assert swiglu.unsupported_reason(a, b, gate, out, config) is None
+    swiglu.quack_mm_silu_mul_out(a, b, gate, out, config)
+    assert swiglu.runs_quack(a, b, gate, out, config)
+    ref = F.silu(gate.float()) * (a.float() @ b.float())
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@gpu
+def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048():
+    """The packaged heuristics' decision at Llama-3-8B's shapes: predicted mode compiles the
+    MLP at M=2048 with the fused up projection and runs it right."""
+    torch.manual_seed(0)
+    lin = lambda i, o: torch.nn.Linear(i, o, bias=False).cuda().to(BF16)  # noqa: E731
+    gate, up, down = lin(4096, 14336), lin(4096, 14336), lin(14336, 4096)
+    mlp = lambda x: down(F.silu(gate(x)) * up(x))  # noqa: E731
+    x = torch.randn(2048, 4096, device="cuda", dtype=BF16)
+    torch._dynamo.reset()
+    from torch._inductor.utils import fresh_cache
+
+    with torch.no_grad(), fresh_cache(), ci.enable("predicted"):
+        out, code = run_and_get_code(torch.compile(mlp), x)
+        ref = mlp(x)
+    assert "torch.ops.cutetune.mm_silu_mul.default(" in "".join(code)
+    assert any(plan.epi_plan is not None for plan in swiglu._plans.values())  # quack's kernel ran
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-2
+
+
+FRESH_PROCESS = """
+import json, torch, torch.nn.functional as F
+from torch._dynamo.utils import counters
+from cutetune.tuner import inductor as ci
+torch.manual_seed(0)
+lin = lambda i, o: torch.nn.Linear(i, o, bias=False).cuda().to(torch.bfloat16)
+gate, up, down = lin(4096, 14336), lin(4096, 14336), lin(14336, 4096)
+mlp = lambda x: down(F.silu(gate(x)) * up(x))
+x = torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16)
+with torch.no_grad(), ci.enable("predicted"):
+    out = torch.compile(mlp)(x)
+    ref = mlp(x)
+print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"]
+                  + counters["aot_autograd"]["autograd_cache_hit"],
+                  "miss": counters["inductor"]["fxgraph_cache_miss"],
+                  "err": ((out.float() - ref.float()).norm() / ref.float().norm()).item()}))
+"""
+
+
+@gpu
+def test_gpu_fused_mlp_reloads_from_the_fx_graph_cache_in_a_fresh_process(tmp_path):
+    """Generated code that calls cutetune::mm_silu_mul runs after a reload from Inductor's
+    FX-graph cache in a fresh process (enable() registers the op before the code runs)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(FRESH_PROCESS)
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    runs = []
+    for _ in range(2):
+        res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    assert runs[0]["miss"] >= 1 and runs[1]["hit"] >= 1 and runs[1]["miss"] == 0
+    assert all(r["err"] < 2e-2 for r in runs)
+    cached = "".join(p.read_text() for p in (tmp_path / "inductor").rglob("*.py"))
+    assert "torch.ops.cutetune.mm_silu_mul.default(" in cached

@@ -1,0 +1,104 @@
+"""The Inductor post-grad pass that rewrites ``silu(g) * mm(x, w)`` into cutetune's fused
+SwiGLU GEMM (``cutetune::mm_silu_mul``, ``swiglu.py``) where the decision says so.
+
+Installed through ``torch._inductor.config.post_grad_custom_post_pass`` (no patching of
+torch): it runs on the post-grad graph, where silu is already decomposed, so the pattern is
+traced from ``F.silu(g) * torch.mm(x, w)`` by Inductor's own decompositions (whatever this
+torch makes of silu) rather than written by hand. A pass the user installed there still runs,
+before this one. Its ``uuid()`` (mode, heuristics, decision code) is part of Inductor's
+FX-graph cache key.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from cutetune.space.config import KernelConfig
+from cutetune.space.problem import GemmProblem, ProblemError
+
+from . import launcher, swiglu
+
+log = logging.getLogger(__name__)
+
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _silu_mul_mm(g, x, w):
+    return F.silu(g) * torch.mm(x, w)
+
+
+def _mm_mul_silu(g, x, w):
+    return torch.mm(x, w) * F.silu(g)
+
+
+@lru_cache(maxsize=None)
+def _patterns() -> tuple:
+    """The post-grad patterns of both operand orders, per dtype (silu's decomposition casts
+    to fp32 and back, so the dtype is part of the pattern)."""
+    from torch._inductor.pattern_matcher import fwd_only, gen_pattern
+
+    out = []
+    for dtype in DTYPES:
+        g, x, w = (torch.empty(s, dtype=dtype) for s in ((8, 8), (8, 16), (16, 8)))
+        for fn in (_silu_mul_mm, _mm_mul_silu):
+            out.append(gen_pattern(fn, [g, x, w], fwd_only))
+    return tuple(out)
+
+
+def _static_problem(x, w, arch: Callable[[torch.device], str | None]) -> GemmProblem:
+    a, b = x.meta.get("val"), w.meta.get("val")
+    if not all(isinstance(t, torch.Tensor) for t in (a, b)):
+        raise ProblemError("operands without fake-tensor metadata")
+    dims = (*a.shape, *a.stride(), *b.shape, *b.stride())
+    if not all(isinstance(d, int) for d in dims):
+        raise ProblemError("dynamic shapes")
+    return launcher.gemm_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.dtype,
+                                 arch(a.device))
+
+
+class SwigluFusionPass(CustomGraphPass):
+    """``decide(problem) -> KernelConfig | None`` says, per up projection, which config to fuse
+    with; ``key`` identifies what decides (it goes into ``uuid()``); ``arch(device)`` is
+    quack's arch for a device, None where quack cannot run."""
+
+    def __init__(self, decide: Callable[[GemmProblem], KernelConfig | None], key: str,
+                 arch: Callable[[torch.device], str | None], user_pass: CustomGraphPass | None = None
+                 ) -> None:
+        self.decide, self.key, self.arch, self.user_pass = decide, key, arch, user_pass
+        self.fused: list[tuple[GemmProblem, KernelConfig]] = []  # what this process fused
+
+    def uuid(self) -> str:
+        user = self.user_pass.uuid() if self.user_pass is not None else None
+        return f"cutetune-swiglu:{self.key}:{user!r}"
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        if self.user_pass is not None:
+            self.user_pass(graph)
+        from torch._inductor.pattern_matcher import PatternMatcherPass, register_graph_pattern
+
+        matcher = PatternMatcherPass(pass_name="cutetune_swiglu")
+
+        def rewrite(match, g, x, w):
+            try:
+                problem = _static_problem(x, w, self.arch)
+            except ProblemError as e:
+                log.info("cutetune: SwiGLU left unfused (%s)", e)
+                return
+            config = self.decide(problem)
+            if config is None:
+                return
+            ints = swiglu.config_ints(config)
+            match.replace_by_example(
+                lambda g, x, w: torch.ops.cutetune.mm_silu_mul(x, w, g, ints), [g, x, w])
+            self.fused.append((problem, config))
+            swiglu.import_epilogues_in_background()
+
+        for pattern in _patterns():
+            register_graph_pattern(pattern, pass_dict=matcher)(rewrite)
+        matcher.apply(graph)
