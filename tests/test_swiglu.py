@@ -112,6 +112,34 @@ def test_pass_leaves_an_up_projection_used_elsewhere():
     assert not fusion.fused
 
 
+def test_training_graphs_keep_the_up_product_that_backward_needs():
+    """Under autograd the up projection's product is saved for the backward pass (silu(g)'s
+    gradient needs it), so it has a user outside the pattern: nothing is fused and the
+    gradients stay right."""
+    g = torch.Generator().manual_seed(0)
+    wg, wu = (torch.randn(64, 32, generator=g, dtype=BF16, requires_grad=True)
+              for _ in range(2))
+    x = torch.randn(16, 32, generator=g, dtype=BF16)
+
+    def fn(x):
+        return (F.silu(F.linear(x, wg)) * F.linear(x, wu)).float().sum()
+
+    fusion = SwigluFusionPass(lambda p: PLAIN, "k", lambda device: "sm90")
+    torch._dynamo.reset()
+    prev = inductor_config.post_grad_custom_post_pass
+    inductor_config.post_grad_custom_post_pass = fusion
+    try:
+        torch.compile(fn)(x).backward()
+    finally:
+        inductor_config.post_grad_custom_post_pass = prev
+    assert not fusion.fused
+    got = wg.grad.clone(), wu.grad.clone()
+    wg.grad = wu.grad = None
+    fn(x).backward()
+    for a, b in zip(got, (wg.grad, wu.grad)):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
 def test_user_pass_still_runs_and_keys_the_cache():
     seen = []
 
