@@ -67,6 +67,7 @@
 #      mode's MLP steps in one process at M 1024 4096 8192, then compile times at M=4096
 #   swiglu4  the fused kernel's GPU tests (with a reload from the FX-graph cache) and the
 #      compiled MLP's tests of the Inductor integration, then the MLP's steps at M 2048 4096 8192
+#   swiglu5  the fused kernel's GPU tests against fp32 in bf16 and fp16
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -299,6 +300,9 @@ host_bound" -q -p no:cacheprovider 2>&1 | tail -n 3 | tee "$E2E/gpu_tests_$CALL.
       "swiglu or fused or compiled_llama_mlp or fx_graph_cache" -q -p no:cacheprovider 2>&1 \
       | tail -n 4 | tee "$E2E/gpu_tests_$CALL.log"
     mlp_steps swiglu4 20 5 "default max-autotune predicted" 2048 4096 8192 ;;
+  swiglu5)
+    timeout "$(left 10)" python -m pytest -m gpu tests/test_swiglu.py -k matches_fp32 -q \
+      -p no:cacheprovider 2>&1 | tail -n 4 | tee "$E2E/gpu_tests_$CALL.log" ;;
   tune)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \
       -k "gpu_cli or host_bound" -q -s -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.log" ;;

@@ -344,15 +344,17 @@ GPU_CONFIGS = (PLAIN, KernelConfig(tile_m=128, tile_n=192, pingpong=True, cluste
 
 
 @gpu
+@pytest.mark.parametrize("dtype", [BF16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda c: c.short())
-def test_gpu_fused_kernel_matches_fp32(config):
+def test_gpu_fused_kernel_matches_fp32(config, dtype):
     """quack's fused kernel (not the ATen fallback) for several configs, swap_ab among them,
-    on nn.Linear's transposed weight, against silu(G) * (A @ B) in fp32."""
+    in both 16-bit dtypes, on nn.Linear's transposed weight, against silu(G) * (A @ B) in
+    fp32."""
     torch.manual_seed(0)
-    a = torch.randn(1000, 2048, device="cuda", dtype=BF16)
-    w = torch.randn(4096, 2048, device="cuda", dtype=BF16)
-    gate = torch.randn(1000, 4096, device="cuda", dtype=BF16)
-    out = torch.full((1000, 4096), float("nan"), device="cuda", dtype=BF16)
+    a = torch.randn(1000, 2048, device="cuda", dtype=dtype)
+    w = torch.randn(4096, 2048, device="cuda", dtype=dtype)
+    gate = torch.randn(1000, 4096, device="cuda", dtype=dtype)
+    out = torch.full((1000, 4096), float("nan"), device="cuda", dtype=dtype)
     b = w.t()
     assert swiglu.unsupported_reason(a, b, gate, out, config) is None
     swiglu.quack_mm_silu_mul_out(a, b, gate, out, config)
