@@ -19,7 +19,6 @@ import json
 import sys
 import time
 
-import numpy as np
 import torch
 
 from cutetune.space.config import KernelConfig
@@ -29,44 +28,27 @@ from cutetune.tuner.heuristics import PackagedHeuristics
 from cutetune.tuner.launcher import device_arch
 
 
-def _stats(times, err, bound) -> dict:
-    ok = bool(np.isfinite(err) and err <= bound)
-    return {"status": "ok" if ok else "wrong_result", "rel_err": err,
-            "time_ms": float(np.quantile(times, 0.5)), "time_ms_p20": float(np.quantile(times, 0.2)),
-            "time_ms_p80": float(np.quantile(times, 0.8)), "n_reps": len(times)}
-
-
-def _timed(fn, buf, policy, bound) -> dict:
-    try:
-        return _stats(*measure.time_launches(fn, buf, policy), bound)
-    except Exception as e:  # a failing config is a data point
-        torch.cuda.synchronize()
-        return {"status": "runtime_error", "error": f"{type(e).__name__}: {e}"[:800]}
-
-
 def bench_shape(problem: GemmProblem, configs, l2_bytes: int, policy) -> list[dict]:
     """One row per variant: the unfused default (cuBLAS + pointwise), fused quack per config;
     then the plain GEMMs (cuBLAS, quack per config) from tuner.measure."""
-    bound = measure.REL_ERR_BOUND[problem.out_dtype]
     pointwise = torch.compile(lambda g, u: torch.nn.functional.silu(g) * u)
     buf = measure.ProblemBuffers(problem, l2_bytes, gated=True)
-    rows = [{"variant": "cublas+pointwise", **_timed(
-        lambda a, b, d, g: pointwise(g, torch.mm(a, b, out=d)), buf, policy, bound)}]
+    rows = [{"variant": "cublas+pointwise", **measure.timed_outcome(
+        lambda a, b, d, g: pointwise(g, torch.mm(a, b, out=d)), buf, policy)}]
+    a, b, d, g = buf.sets[0]
     for config in configs:
-        t0 = time.perf_counter()
-        fused = lambda a, b, d, g, c=config: swiglu.quack_mm_silu_mul_out(a, b, g, d, c)  # noqa: E731
-        reason = swiglu.unsupported_reason(*buf.sets[0][:2], buf.sets[0][3], buf.sets[0][2],
-                                           config)
+        reason = swiglu.unsupported_reason(a, b, g, d, config)
         if reason:
             rows.append({"variant": "fused", "config": config.to_dict(), "status": "unsupported",
                          "error": reason})
             continue
-        row = _timed(fused, buf, policy, bound)
-        a, b, d, g = buf.sets[0]
+        t0 = time.perf_counter()
+        row = measure.timed_outcome(
+            lambda a, b, d, g, c=config: swiglu.quack_mm_silu_mul_out(a, b, g, d, c), buf, policy)
         row["ran_quack"] = swiglu.runs_quack(a, b, g, d, config)
         rows.append({"variant": "fused", "config": config.to_dict(), "config_key": config.short(),
                      "first_call_s": time.perf_counter() - t0, **row})
-    del buf
+    del buf, a, b, d, g  # free the gated sets before the plain GEMMs allocate theirs
     torch.cuda.empty_cache()
     task = measure.MeasureTask(problem=problem, configs=tuple(configs), cublas=True,
                                policy=policy, suite="swiglu_bench")
@@ -125,7 +107,8 @@ def main() -> None:
         rows = bench_shape(problem, configs, env["l2_bytes"], policy)
         for r in rows:
             r["pick"] = bool(pick) and r["variant"] == "fused" and r.get("config") == pick.to_dict()
-        shapes.append({"problem": problem.to_dict(), "pointwise_share": swiglu.pointwise_share(problem),
+        shapes.append({"problem": problem.to_dict(),
+                       "pointwise_share": swiglu.pointwise_share(problem),
                        "rows": rows, "summary": summary(rows)})
         print(m, n, k, json.dumps(shapes[-1]["summary"]), flush=True)
     meta = {k: v for k, v in env.items() if k != "host"}

@@ -55,11 +55,8 @@ def _static_problem(x, w, arch: Callable[[torch.device], str | None]) -> GemmPro
     a, b = x.meta.get("val"), w.meta.get("val")
     if not all(isinstance(t, torch.Tensor) for t in (a, b)):
         raise ProblemError("operands without fake-tensor metadata")
-    dims = (*a.shape, *a.stride(), *b.shape, *b.stride())
-    if not all(isinstance(d, int) for d in dims):
-        raise ProblemError("dynamic shapes")
-    return launcher.gemm_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.dtype,
-                                 arch(a.device))
+    return launcher.static_gemm_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype,
+                                        a.dtype, arch(a.device))
 
 
 class SwigluFusionPass(CustomGraphPass):
@@ -68,8 +65,8 @@ class SwigluFusionPass(CustomGraphPass):
     quack's arch for a device, None where quack cannot run."""
 
     def __init__(self, decide: Callable[[GemmProblem], KernelConfig | None], key: str,
-                 arch: Callable[[torch.device], str | None], user_pass: CustomGraphPass | None = None
-                 ) -> None:
+                 arch: Callable[[torch.device], str | None],
+                 user_pass: CustomGraphPass | None = None) -> None:
         self.decide, self.key, self.arch, self.user_pass = decide, key, arch, user_pass
         self.fused: list[tuple[GemmProblem, KernelConfig]] = []  # what this process fused
 

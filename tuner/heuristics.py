@@ -11,10 +11,11 @@ effects change with ratios, not differences).
 
 A file may also hold the SwiGLU fusions measured on the GPU (``--swiglu-bench``): per
 measured up projection, the fused config that ran it fastest where that beat the unfused
-default, else none (``swiglu.fusion_config`` asks it before its rule). And a Triton table (``--triton-sweep``): the Inductor Triton mm config that
-predicted mode gives, without benchmarking, to a host-bound and memory-bound mm, which
-cutetune leaves to Inductor, and the launch costs (``--triton-retimed``, ``--triton-steps``)
-that say which of a graph's such mm should take them (``models/triton_mm.py``).
+default, else none (``swiglu.fusion_config`` asks it before its rule). And a Triton table
+(``--triton-sweep``): the Inductor Triton mm config that predicted mode gives, without
+benchmarking, to a host-bound and memory-bound mm, which cutetune leaves to Inductor, and the
+launch costs (``--triton-retimed``, ``--triton-steps``) that say which of a graph's such mm
+should take them (``models/triton_mm.py``).
 
 ``cutetune emit --model PATH --out FILE`` writes it; ``Heuristics.load`` reads it.
 """
@@ -435,21 +436,26 @@ def predicted_triton_shapes(swept, arch: str, dtype: str) -> list:
     return shapes
 
 
+def _read_each(paths, load, what: str) -> list:
+    """``load(path)`` (a list) of every path, concatenated; UserError naming the file that
+    cannot be read or parsed."""
+    from cutetune.cli import UserError
+
+    out = []
+    for path in paths or ():
+        try:
+            out += load(path)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UserError(f"{what} {path}: {type(e).__name__}: {e}") from None
+    return out
+
+
 def _triton_table(args) -> TritonTable:
     """The Triton table from ``--triton-sweep`` files, with launch costs when
     ``--triton-retimed`` and ``--triton-steps`` files are given."""
     from cutetune.cli import UserError
     from cutetune.models.triton_mm import (check_step_report, fit_launch_costs, load_retimed,
                                            load_sweep, step_host_us)
-
-    def read(paths, load, what):
-        out = []
-        for path in paths or ():
-            try:
-                out += load(path)
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise UserError(f"{what} {path}: {type(e).__name__}: {e}") from None
-        return out
 
     def step_report(path) -> list[dict]:
         report = json.loads(Path(path).read_text())
@@ -458,7 +464,7 @@ def _triton_table(args) -> TritonTable:
         check_step_report(report)
         return [report]
 
-    swept = read(args.triton_sweep, load_sweep, "Triton sweep")
+    swept = _read_each(args.triton_sweep, load_sweep, "Triton sweep")
     shapes = predicted_triton_shapes(swept, args.arch, args.dtype)
     if not shapes:
         raise UserError(f"Triton sweeps {', '.join(args.triton_sweep)} have no host-bound, "
@@ -470,12 +476,12 @@ def _triton_table(args) -> TritonTable:
         latest: dict = {}  # problem -> its rows from the last file that retimed it
         for path in args.triton_retimed:
             rows: dict = {}
-            for r in read([path], load_retimed, "Triton retime"):
+            for r in _read_each([path], load_retimed, "Triton retime"):
                 if (r.problem.arch, r.problem.dtype) == (args.arch, args.dtype):
                     rows.setdefault(r.problem, []).append(r)
             latest.update(rows)
         retimed = [r for rows in latest.values() for r in rows]
-        steps = read(args.triton_steps, step_report, "step benchmark")
+        steps = _read_each(args.triton_steps, step_report, "step benchmark")
         try:
             costs = fit_launch_costs(retimed, step_host_us(steps))
         except ValueError as e:
@@ -486,16 +492,12 @@ def _triton_table(args) -> TritonTable:
 def _swiglu_table(args) -> dict[str, KernelConfig | None]:
     """``swiglu.measured_fusions`` of the ``--swiglu-bench`` files on (arch, dtype); a problem
     in several files takes the last file's."""
-    from cutetune.cli import UserError
     from cutetune.tuner.swiglu import measured_fusions
 
     table: dict[str, KernelConfig | None] = {}
-    for path in args.swiglu_bench or ():
-        try:
-            table.update(measured_fusions(json.loads(Path(path).read_text()), args.arch,
-                                          args.dtype))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise UserError(f"SwiGLU benchmark {path}: {type(e).__name__}: {e}") from None
+    for fusions in _read_each(args.swiglu_bench, lambda path: [measured_fusions(
+            json.loads(Path(path).read_text()), args.arch, args.dtype)], "SwiGLU benchmark"):
+        table.update(fusions)
     return table
 
 

@@ -62,7 +62,6 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
-import sympy
 import torch
 from torch._inductor import config as inductor_config
 from torch._inductor import virtualized
@@ -211,32 +210,13 @@ def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: in
     return NodeDecision(configs[:top_k], True, f"top-{top_k} + ATen")
 
 
-def _static(values, what: str) -> tuple[int, ...]:
-    out = []
-    for v in values:
-        if isinstance(v, sympy.Expr) and v.is_Integer:
-            v = int(v)
-        if not isinstance(v, int):
-            raise ProblemError(f"{what} {tuple(values)} are symbolic (dynamic shapes run ATen)")
-        out.append(v)
-    return tuple(out)
-
-
-def _static_problem(a_size, a_stride, b_size, b_stride, dtype: torch.dtype,
-                    out_dtype: torch.dtype, arch: str | None) -> GemmProblem:
-    """``launcher.gemm_problem`` for sizes and strides that must be static integers."""
-    return launcher.gemm_problem(
-        _static(a_size, "A sizes"), _static(a_stride, "A strides"),
-        _static(b_size, "B sizes"), _static(b_stride, "B strides"), dtype, out_dtype, arch)
-
-
 def _node_problem(mat1, mat2, out_dtype: torch.dtype, arch: str | None) -> GemmProblem:
     for node, name in ((mat1, "A"), (mat2, "B")):
-        offset = _static([node.get_layout().offset], f"{name} offset")[0]
+        offset = launcher.static_ints([node.get_layout().offset], f"{name} offset")[0]
         if offset * node.get_dtype().itemsize % launcher.TMA_ALIGN_BYTES:
             raise ProblemError(f"{name} starts {offset} elements into its buffer (unaligned)")
-    return _static_problem(mat1.get_size(), mat1.get_stride(), mat2.get_size(),
-                           mat2.get_stride(), mat1.get_dtype(), out_dtype, arch)
+    return launcher.static_gemm_problem(mat1.get_size(), mat1.get_stride(), mat2.get_size(),
+                                        mat2.get_stride(), mat1.get_dtype(), out_dtype, arch)
 
 
 def problem_from_inputs(op_name: str, kernel_inputs, arch: str | None) -> GemmProblem:
@@ -246,9 +226,9 @@ def problem_from_inputs(op_name: str, kernel_inputs, arch: str | None) -> GemmPr
     problem = _node_problem(mat1, mat2, kernel_inputs.out_dtype(), arch)
     if op_name == "addmm":
         inp = kernel_inputs.nodes()[0]
-        launcher.addend_kind(_static(inp.get_size(), "input sizes"),
-                             _static(inp.get_stride(), "input strides"), inp.get_dtype(),
-                             kernel_inputs.out_dtype(), problem.m, problem.n,
+        launcher.addend_kind(launcher.static_ints(inp.get_size(), "input sizes"),
+                             launcher.static_ints(inp.get_stride(), "input strides"),
+                             inp.get_dtype(), kernel_inputs.out_dtype(), problem.m, problem.n,
                              kernel_inputs.get_scalar("beta"))
     return problem
 
@@ -271,8 +251,8 @@ def graph_gemms(graph: torch.fx.Graph, arch: str | None) -> list[GemmProblem]:
         if not all(isinstance(t, torch.Tensor) for t in (a, b, out)):
             continue
         try:
-            problems.append(_static_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype,
-                                            out.dtype, arch))
+            problems.append(launcher.static_gemm_problem(a.shape, a.stride(), b.shape,
+                                                         b.stride(), a.dtype, out.dtype, arch))
         except ProblemError:
             continue
     return problems
@@ -768,8 +748,8 @@ class Installation:
         global _prefetch_for
         self.factory, self.feedback = factory, feedback
         self._prev_post_pass = inductor_config.post_grad_custom_post_pass
-        user_pass = (self._prev_post_pass.user_pass
-                     if isinstance(self._prev_post_pass, SwigluFusionPass) else self._prev_post_pass)
+        prev = self._prev_post_pass
+        user_pass = prev.user_pass if isinstance(prev, SwigluFusionPass) else prev
         inductor_config.post_grad_custom_post_pass = (
             swiglu_fusion_pass(factory, user_pass) if factory is not None and fuse_swiglu
             else user_pass)

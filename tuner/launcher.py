@@ -20,6 +20,7 @@ import threading
 import time
 from functools import lru_cache
 
+import sympy
 import torch
 
 from cutetune.space.config import KernelConfig
@@ -73,6 +74,28 @@ def gemm_problem(a_size, a_stride, b_size, b_stride, dtype: torch.dtype, out_dty
     name = TORCH_DTYPES[dtype]
     return GemmProblem(m=int(m), n=int(n), k=int(k), batch=int(batch), dtype=name, out_dtype=name,
                        a_major=a_major, b_major=b_major, arch=arch)
+
+
+def static_ints(values, what: str) -> tuple[int, ...]:
+    """``values`` (sizes or strides, as Inductor or fake tensors hold them) as ints, or
+    ProblemError when one is symbolic."""
+    out = []
+    for v in values:
+        if isinstance(v, sympy.Expr) and v.is_Integer:
+            v = int(v)
+        if not isinstance(v, int):
+            raise ProblemError(f"{what} {tuple(values)} are symbolic (dynamic shapes run ATen)")
+        out.append(v)
+    return tuple(out)
+
+
+def static_gemm_problem(a_size, a_stride, b_size, b_stride, dtype: torch.dtype,
+                        out_dtype: torch.dtype, arch: str | None) -> GemmProblem:
+    """``gemm_problem`` for sizes and strides that must be static integers."""
+    return gemm_problem(
+        static_ints(a_size, "A sizes"), static_ints(a_stride, "A strides"),
+        static_ints(b_size, "B sizes"), static_ints(b_stride, "B strides"), dtype, out_dtype,
+        arch)
 
 
 def check_out(size, stride, dtype: torch.dtype) -> None:
@@ -294,17 +317,26 @@ def quack_mm_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config,
     if plan.dispatch is not None:
         _launch(plan, a, b, out, c, alpha, beta)
         return out
-    try:  # first launch: compiles (or loads) the kernel
-        t0 = time.perf_counter()
-        _launch(plan, a, b, out, c, alpha, beta)
-        log.info("cutetune: first launch of %s on %s @ %s took %.3f s", plan.config.short(),
-                 tuple(a.shape), tuple(b.shape), time.perf_counter() - t0)
-    except Exception as e:  # a kernel that cannot be built must not take the model down
-        log.warning("cutetune: quack config %s failed on %s @ %s (%s: %s); using ATen",
-                    plan.config.short(), tuple(a.shape), tuple(b.shape), type(e).__name__, e)
+    if not launch_first(lambda: _launch(plan, a, b, out, c, alpha, beta),
+                        f"quack config {plan.config.short()} on {tuple(a.shape)} @ "
+                        f"{tuple(b.shape)}"):
         _plans[key] = _ATEN
         return _aten(a, b, out, c, alpha, beta)
     return out
+
+
+def launch_first(launch, what: str) -> bool:
+    """Run a kernel's first launch (it compiles or loads the kernel) and log how long it took.
+    False, with a warning, when it raises: a kernel that cannot be built must not take the
+    model down, so the caller retires that call's metadata to ATen."""
+    t0 = time.perf_counter()
+    try:
+        launch()
+    except Exception as e:  # noqa: BLE001
+        log.warning("cutetune: %s failed (%s: %s); using ATen", what, type(e).__name__, e)
+        return False
+    log.info("cutetune: first launch of %s took %.3f s", what, time.perf_counter() - t0)
+    return True
 
 
 # ---------------------------------------------------------------- Inductor extern kernels

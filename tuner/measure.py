@@ -217,20 +217,28 @@ def _row(task: MeasureTask, backend: str, config: KernelConfig | None, **outcome
             "config_key": config.short() if config else "", "timestamp": time.time(), **outcome}
 
 
-def _measure_one(task: MeasureTask, backend: str, config, fn, buf) -> dict:
+def timed_outcome(fn, buf: ProblemBuffers, policy: TimingPolicy) -> dict:
+    """``time_launches`` as a row's outcome: status (ok, wrong_result past the dtype's error
+    bound, runtime_error when ``fn`` raises), error, median, p20, p80, repeats, relative
+    error."""
     import torch
 
     try:
-        times, err = time_launches(fn, buf, task.policy)
+        times, err = time_launches(fn, buf, policy)
     except Exception as e:  # a config that raises is a data point, not the end of the run
         torch.cuda.synchronize()
-        return _row(task, backend, config, status="runtime_error", error=f"{type(e).__name__}: {e}"[:1000])
-    bound = REL_ERR_BOUND[task.problem.out_dtype]
+        return {"status": "runtime_error", "error": f"{type(e).__name__}: {e}"[:1000]}
+    bound = REL_ERR_BOUND[buf.problem.out_dtype]
     ok = math.isfinite(err) and err <= bound
-    return _row(task, backend, config, status="ok" if ok else "wrong_result",
-                error="" if ok else f"relative error {err:.3g} > {bound}",
-                time_ms=float(np.quantile(times, 0.5)), time_ms_p20=float(np.quantile(times, 0.2)),
-                time_ms_p80=float(np.quantile(times, 0.8)), n_reps=len(times), rel_err=err)
+    return {"status": "ok" if ok else "wrong_result",
+            "error": "" if ok else f"relative error {err:.3g} > {bound}",
+            "time_ms": float(np.quantile(times, 0.5)),
+            "time_ms_p20": float(np.quantile(times, 0.2)),
+            "time_ms_p80": float(np.quantile(times, 0.8)), "n_reps": len(times), "rel_err": err}
+
+
+def _measure_one(task: MeasureTask, backend: str, config, fn, buf) -> dict:
+    return _row(task, backend, config, **timed_outcome(fn, buf, task.policy))
 
 
 def measure(task: MeasureTask) -> list[dict]:

@@ -32,7 +32,7 @@ from cutetune.space.problem import DTYPE_BYTES, GemmProblem, ProblemError
 from cutetune.space.rules import is_valid
 
 from .launcher import (_aligned, as_config, check_config, check_out, config_tuple, device_arch,
-                       gemm_problem, in_background)
+                       gemm_problem, in_background, launch_first)
 
 log = logging.getLogger(__name__)
 
@@ -219,14 +219,9 @@ def quack_mm_silu_mul_out(a: torch.Tensor, b: torch.Tensor, gate: torch.Tensor,
     if plan.epi_plan is not None:
         _launch(plan, a, b, gate, out)
         return out
-    try:  # first launch: compiles (or loads) the kernel
-        t0 = time.perf_counter()
-        _launch(plan, a, b, gate, out)
-        log.info("cutetune: first launch of fused SwiGLU %s on %s @ %s took %.3f s",
-                 plan.config.short(), tuple(a.shape), tuple(b.shape), time.perf_counter() - t0)
-    except Exception as e:  # a kernel that cannot be built must not take the model down
-        log.warning("cutetune: fused SwiGLU config %s failed on %s @ %s (%s: %s); using ATen",
-                    plan.config.short(), tuple(a.shape), tuple(b.shape), type(e).__name__, e)
+    if not launch_first(lambda: _launch(plan, a, b, gate, out),
+                        f"fused SwiGLU config {plan.config.short()} on {tuple(a.shape)} @ "
+                        f"{tuple(b.shape)}"):
         _plans[key] = _ATEN
         return _aten(a, b, gate, out)
     return out
@@ -242,8 +237,8 @@ def config_ints(config: KernelConfig) -> list[int]:
 def mm_silu_mul(a: torch.Tensor, b: torch.Tensor, gate: torch.Tensor,
                 config: list[int]) -> torch.Tensor:
     """``silu(gate) * (a @ b)`` with quack's fused kernel for ``config`` (``config_ints``)."""
-    cfg = KernelConfig(*(bool(v) if f.type in ("bool", bool) else int(v)
-                         for f, v in zip(dataclasses.fields(KernelConfig), config)))
+    cfg = KernelConfig.from_dict(dict(zip((f.name for f in dataclasses.fields(KernelConfig)),
+                                          config)))
     out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
     return quack_mm_silu_mul_out(a, b, gate, out, cfg)
 
