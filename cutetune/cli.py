@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "tune": "cutetune.tuner.tune",
     "emit": "cutetune.tuner.heuristics",
     "fleet": "cutetune.tuner.fleet",
+    "prebuild": "cutetune.tuner.prebuild",
 }
 
 

@@ -6,9 +6,9 @@ and the attention projections (q 4096->4096, k/v 4096->1024, o 4096->4096) at ea
 Modes: Inductor's default, max-autotune (GEMM backends ATEN,TRITON, no CUDA graphs), cutetune
 predicted and cutetune reduced. Every measurement runs in a fresh process with an empty
 Inductor cache (TORCHINDUCTOR_CACHE_DIR); cutetune modes run twice, with empty kernel caches
-(cold: QUACK_CACHE_DIR, CUTE_DSL_CACHE_DIR and CUTETUNE_TEMPLATE_CACHE_DIR, where cutetune keeps
-the Triton template kernels it chose) and with those caches as the cold run left them
-(warm). Reported per workload: compile wall time (from ``enable()`` to the first call's
+(cold: QUACK_CACHE_DIR, CUTE_DSL_CACHE_DIR, CUTETUNE_CACHE, where cutetune keeps the fused
+kernels' TVM-FFI libraries, and CUTETUNE_TEMPLATE_CACHE_DIR, where it keeps the Triton template
+kernels it chose) and with those caches as the cold run left them (warm). Reported per workload: compile wall time (from ``enable()`` to the first call's
 result, so it includes quack's import when the process's first quack kernel is launched then,
 and the start of reduced mode's compile workers), steady-state time per call (CUDA events,
 median of repeats), relative error against eager, and which kernels the GEMMs got. Also the
@@ -159,12 +159,14 @@ def _cpu_during(a: dict | None, b: dict | None) -> dict | None:
 
 class _LogTimes(logging.Handler):
     """Keeps cutetune's launcher messages (quack's import time, each kernel's first launch,
-    also of the fused SwiGLU kernel) with their time since the last ``restart()``."""
+    also of the fused SwiGLU kernel, and the fusion pass's) with their time since the last
+    ``restart()``."""
 
     def __init__(self):
         super().__init__(logging.INFO)
         self.restart()
-        for name in ("cutetune.tuner.launcher", "cutetune.tuner.swiglu"):
+        for name in ("cutetune.tuner.launcher", "cutetune.tuner.swiglu",
+                     "cutetune.tuner.fusion_pass"):
             logger = logging.getLogger(name)
             logger.setLevel(logging.INFO)
             logger.addHandler(self)
@@ -343,6 +345,7 @@ def _env(inductor_dir: Path, kernel_dir: Path | None) -> dict:
     if kernel_dir is not None:
         env.update(QUACK_CACHE_DIR=str(kernel_dir / "quack"),
                    CUTE_DSL_CACHE_DIR=str(kernel_dir / "cute_dsl"),
+                   CUTETUNE_CACHE=str(kernel_dir / "cutetune"),
                    CUTETUNE_TEMPLATE_CACHE_DIR=str(kernel_dir / "triton_templates"))
     return env
 

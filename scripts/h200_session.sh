@@ -68,6 +68,20 @@
 #   swiglu4  the fused kernel's GPU tests (with a reload from the FX-graph cache) and the
 #      compiled MLP's tests of the Inductor integration, then the MLP's steps at M 2048 4096 8192
 #   swiglu5  the fused kernel's GPU tests against fp32 in bf16 and fp16
+#   aot  (after the fused SwiGLU kernel ran from a TVM-FFI library that the compile helper
+#      builds, with no quack import where the model runs) compile times of default and predicted
+#      at M 4096 8192 1024 with cold and warm kernel caches, the GPU tests of the fused kernel,
+#      the launcher and the compiled MLP, then where quack's import goes on this host
+#      (scripts/import_probe.py)
+#   aot2  (after the fix of the library's first launch, found by aot's GPU tests, and the first
+#      launch compiling here when the helper is still importing) the fused kernel's GPU tests,
+#      then compile times of default and predicted at M 4096 8192 with cold and warm caches
+#   aot_steps  the shipped table's fused kernels prebuilt (`cutetune prebuild`, then named
+#      scripts/prebuild_fused.py), then
+#      every mode's MLP steps in one process at M 2048 4096 8192, launched from the libraries
+#   aot3  (after `cutetune prebuild` and the predicted-MLP test's second compile from the
+#      helper's library) the fused kernel's GPU tests of the library path and predicted mode,
+#      then aot2's compile times twice more: from fresh processes they vary by about a second
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -303,6 +317,29 @@ host_bound" -q -p no:cacheprovider 2>&1 | tail -n 3 | tee "$E2E/gpu_tests_$CALL.
   swiglu5)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_swiglu.py -k matches_fp32 -q \
       -p no:cacheprovider 2>&1 | tail -n 4 | tee "$E2E/gpu_tests_$CALL.log" ;;
+  aot)
+    bench part_aot --ms 4096 8192 1024 --modes default predicted --warm-for predicted \
+      --skip-overhead --budget-s "$(left 230)"
+    timeout "$(left 70)" python -m pytest -m gpu tests/test_swiglu.py tests/test_launcher.py \
+      tests/test_inductor.py -k "swiglu or fused or launcher or compiled_llama_mlp or \
+fx_graph_cache" -q -p no:cacheprovider 2>&1 | tail -n 6 | tee "$E2E/gpu_tests_$CALL.log"
+    timeout "$(left 5)" python scripts/import_probe.py --repeats 2 --rounds 30 \
+      --out "$E2E/import_probe.json" 2>&1 | tail -n 1 | tee "$E2E/probe.log" ;;
+  aot2)
+    timeout 200 python -m pytest -m gpu tests/test_swiglu.py -q -p no:cacheprovider 2>&1 \
+      | tail -n 6 | tee "$E2E/gpu_tests_$CALL.log"
+    bench part_aot2 --ms 4096 8192 --modes default predicted --warm-for predicted \
+      --skip-overhead --budget-s "$(left 10)" ;;
+  aot3)
+    timeout 200 python -m pytest -m gpu tests/test_swiglu.py -k "library or predicted_mode or \
+fx_graph_cache" -q -p no:cacheprovider 2>&1 | tail -n 4 | tee "$E2E/gpu_tests_$CALL.log"
+    for rep in 1 2; do
+      bench "part_aot3_$rep" --ms 4096 8192 --modes default predicted --warm-for predicted \
+        --skip-overhead --budget-s "$(left $(( rep == 1 ? 160 : 10 )))"
+    done ;;
+  aot_steps)
+    python -m cutetune prebuild 2>&1 | tail -n 1 | tee "$E2E/prebuild.log"
+    mlp_steps aot 20 5 "default max-autotune predicted" 2048 4096 8192 ;;
   tune)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \
       -k "gpu_cli or host_bound" -q -s -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.log" ;;

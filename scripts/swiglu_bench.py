@@ -45,7 +45,8 @@ def bench_shape(problem: GemmProblem, configs, l2_bytes: int, policy) -> list[di
         t0 = time.perf_counter()
         row = measure.timed_outcome(
             lambda a, b, d, g, c=config: swiglu.quack_mm_silu_mul_out(a, b, g, d, c), buf, policy)
-        row["ran_quack"] = swiglu.runs_quack(a, b, g, d, config)
+        row["via"] = swiglu.launched_via(a, b, g, d, config)
+        row["ran_quack"] = row["via"] is not None
         rows.append({"variant": "fused", "config": config.to_dict(), "config_key": config.short(),
                      "first_call_s": time.perf_counter() - t0, **row})
     del buf, a, b, d, g  # free the gated sets before the plain GEMMs allocate theirs

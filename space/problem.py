@@ -55,6 +55,22 @@ class GemmProblem:
             f"b{self.batch}:m{self.m}:n{self.n}:k{self.k}"
         )
 
+    @classmethod
+    def from_key(cls, key: str) -> GemmProblem:
+        """The problem whose ``key()`` is ``key``; ProblemError for other text."""
+        parts = key.split(":")
+        try:
+            arch, dtypes, majors, *dims = parts
+            dtype, out_dtype = dtypes.split("->")
+            sizes = {d[0]: int(d[1:]) for d in dims}
+            if [d[0] for d in dims] != list("bmnk") or len(majors) != 2:
+                raise ValueError(key)
+        except ValueError:
+            raise ProblemError(f"{key!r} is not a problem key "
+                               f"(like sm90:bf16->bf16:kk:b1:m4096:n14336:k4096)") from None
+        return cls(m=sizes["m"], n=sizes["n"], k=sizes["k"], batch=sizes["b"], dtype=dtype,
+                   out_dtype=out_dtype, a_major=majors[0], b_major=majors[1], arch=arch)
+
 
 def validate_problem(p: GemmProblem) -> None:
     """Raise ProblemError naming the first thing wrong with ``p``."""

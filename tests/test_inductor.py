@@ -938,6 +938,73 @@ def test_prefetcher_compiles_into_quacks_cache_without_a_gpu(tmp_path):
     assert sorted(kernel_object_path(q, c, str(tmp_path)) for q, c in kernels[1:]) == objects
 
 
+PLAIN_SWIGLU = KernelConfig(tile_m=128, tile_n=128, pingpong=False)
+
+
+@pytest.mark.compile
+def test_prefetcher_builds_fused_kernel_libraries_without_a_gpu(tmp_path, monkeypatch):
+    """The helper builds a fused SwiGLU kernel's TVM-FFI library (``swiglu.build_library``)
+    once; a library already built is not queued again."""
+    from cutetune.tuner import aot, swiglu
+    from cutetune.tuner.prefetch import KernelPrefetcher
+
+    monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path / "cutetune"))
+    up = GemmProblem(2048, 14336, 4096, b_major="k")
+    config = KernelConfig(tile_m=128, tile_n=192, pingpong=True, cluster_m=2)
+    pf = KernelPrefetcher("sm90", workers=1, cache_dir=str(tmp_path / "quack"))
+    try:
+        key = pf.submit_swiglu(up, config)
+        assert pf.submit_swiglu(up, config) == key and pf.stats()["submitted"] == 1
+        assert pf.wait(timeout=300)["done"] == 1 and pf.ready
+        assert pf.wait_for([key], timeout=0) and aot.library_ready(key)
+        assert key == swiglu.library_key(config, "sm90", BF16, ("k", "k"))
+    finally:
+        pf.close()
+    again = KernelPrefetcher("sm90", workers=1, cache_dir=str(tmp_path / "quack"))
+    assert again.submit_swiglu(up, config) == key and again.stats()["submitted"] == 0
+
+
+def test_fused_kernels_are_built_by_the_helper_when_they_can_be(monkeypatch, tmp_path):
+    """What a fusion starts: nothing when the kernel's library is built; else a build by the
+    compile helper, which the first launch waits for only once the helper is past its imports
+    (before that, compiling in this process is sooner); nothing without a C compiler."""
+    from cutetune.tuner import aot, swiglu
+
+    class Helper:
+        enabled, ready = True, False
+
+        def __init__(self):
+            self.sent = []
+
+        def submit_swiglu(self, problem, config):
+            self.sent.append((problem, config))
+            return "k1"
+
+        def wait_for(self, keys, timeout):
+            return keys == ["k1"]
+
+    helper = Helper()
+    monkeypatch.setattr(ci, "shared_prefetcher", lambda arch: helper)
+    monkeypatch.setattr(swiglu, "_builds", {})
+    monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path))
+    up = GemmProblem(2048, 14336, 4096, b_major="k")
+    ci.prepare_fused_kernel(up, PLAIN_SWIGLU)
+    assert helper.sent == [(up, PLAIN_SWIGLU)]
+    assert not swiglu._builds["k1"](1.0)  # still importing: no wait
+    helper.ready = True
+    assert swiglu._builds["k1"](1.0)
+    swiglu._builds.clear()
+    monkeypatch.setattr(aot, "can_link", lambda: False)
+    ci.prepare_fused_kernel(up, PLAIN_SWIGLU)
+    assert len(helper.sent) == 1 and not swiglu._builds
+    monkeypatch.setattr(aot, "can_link", lambda: True)
+    _, meta = aot.library_paths(swiglu.library_key(PLAIN_SWIGLU, "sm90", BF16, ("k", "k")))
+    meta.parent.mkdir(parents=True)
+    meta.write_text("{}")
+    ci.prepare_fused_kernel(up, PLAIN_SWIGLU)
+    assert len(helper.sent) == 1 and not swiglu._builds
+
+
 gpu = pytest.mark.gpu
 
 

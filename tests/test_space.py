@@ -53,6 +53,14 @@ def test_problem_flops_bytes_key():
     assert p.min_bytes == 2 * ((128 * 512 + 512 * 256) * 2 + 128 * 256 * 2)
     assert p.key() == "sm90:bf16->bf16:kk:b2:m128:n256:k512"
     assert GemmProblem(**p.to_dict()) == p
+    q = GemmProblem(64, 128, 256, dtype="fp16", out_dtype="fp16", a_major="m", b_major="n",
+                    arch="sm100")
+    assert GemmProblem.from_key(p.key()) == p and GemmProblem.from_key(q.key()) == q
+    for bad in ("sm90:bf16:kk:b1:m1:n8:k8", "sm90:bf16->bf16:kk:m1:n8:k8:b1", "m4096"):
+        with pytest.raises(ProblemError, match="is not a problem key"):
+            GemmProblem.from_key(bad)
+    with pytest.raises(ProblemError, match="unknown arch"):
+        GemmProblem.from_key("sm80:bf16->bf16:kk:b1:m1:n8:k8")
 
 
 # ---------------------------------------------------------------- configs

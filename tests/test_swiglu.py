@@ -274,7 +274,38 @@ def test_cpu_tensors_run_aten():
     assert "not an sm90 or sm100 GPU" in swiglu.unsupported_reason(a, b, gate, out, PLAIN)
     swiglu.quack_mm_silu_mul_out(a, b, gate, out, PLAIN)
     torch.testing.assert_close(out, F.silu(gate) * (a @ b))
-    assert not swiglu.runs_quack(a, b, gate, out, PLAIN)
+    assert swiglu.launched_via(a, b, gate, out, PLAIN) is None
+
+
+def test_a_failing_library_leaves_the_call_on_quack_and_a_failing_quack_on_aten(monkeypatch):
+    """The first launch tries the kernel's library, then quack's plan; what raises is logged
+    and the next path runs, ATen last, and later calls keep to the path that ran."""
+    monkeypatch.setattr(swiglu, "device_arch", lambda device: "sm90")
+    monkeypatch.setattr(swiglu, "_plans", {})
+    calls = []
+
+    def runner(name, fail):
+        def run(a, b, gate, out):
+            calls.append(name)
+            if fail:
+                raise RuntimeError(f"{name} broke")
+            out.copy_(F.silu(gate) * (a @ b))
+        return run
+
+    a, b = torch.randn(256, 512, dtype=BF16), torch.randn(512, 1024, dtype=BF16)
+    gate, out = torch.randn(256, 1024, dtype=BF16), torch.empty(256, 1024, dtype=BF16)
+    for quack_fails, via in ((False, "quack"), (True, None)):
+        swiglu._plans.clear()
+        monkeypatch.setattr(swiglu, "_library_runner",
+                            lambda *args: runner("library", True))
+        monkeypatch.setattr(swiglu, "_quack_runner",
+                            lambda *args, f=quack_fails: runner("quack", f))
+        calls.clear()
+        for _ in range(2):
+            swiglu.quack_mm_silu_mul_out(a, b, gate, out, PLAIN)
+            torch.testing.assert_close(out, F.silu(gate) * (a @ b))
+        assert swiglu.launched_via(a, b, gate, out, PLAIN) == via
+        assert calls == (["library", "quack", "quack"] if via else ["library", "quack"])
 
 
 def test_unsupported_reasons_name_the_problem(monkeypatch):
@@ -297,43 +328,76 @@ def test_custom_op_config_round_trips():
                                    F.silu(gate) * (a @ b))
 
 
-COMPILE_GPU_BLIND = """
+BUILD_GPU_BLIND = """
 import json, sys
 from cutetune.tuner.compile import configure_gpu_blind
 configure_gpu_blind("sm90", sys.argv[1])
+import torch
 from cutetune.space.config import KernelConfig
 from cutetune.tuner import swiglu
 out = []
-for fields in json.loads(sys.argv[2]):
+for fields, majors in json.loads(sys.argv[2]):
     try:
-        out.append(["ok", swiglu.compile_kernel(KernelConfig(**fields), "sm90")])
+        out.append(["ok", swiglu.build_library(KernelConfig(**fields), "sm90", torch.bfloat16,
+                                               tuple(majors))])
     except Exception as e:
         out.append(["error", f"{type(e).__name__}: {e}"])
 print(json.dumps(out))
 """
 
+LOAD_WITHOUT_CUTLASS = """
+import json, sys, torch, tvm_ffi
+from cutetune.tuner import aot
+meta = json.loads(aot.library_paths(sys.argv[1])[1].read_text())
+fn = tvm_ffi.load_module(str(aot.library_paths(sys.argv[1])[0]))[meta["function"]]
+a = torch.empty(256, 128, dtype=torch.bfloat16)
+try:
+    fn(a, a.t(), a, a, *meta["tail"])
+    err = None
+except ValueError as e:
+    err = str(e)
+print(json.dumps({"err": err, "tail": meta["tail"],
+                  "imported": [m for m in ("cutlass", "quack") if m in sys.modules]}))
+"""
+
 
 @pytest.mark.compile
-def test_fused_kernel_compiles_gpu_blind_for_sm90(tmp_path):
-    """The fused epilogue compiles on a CPU for sm90 (pingpong with a 2x1 cluster, and a
-    swap_ab config as the shipped table holds), leaves kernel objects in quack's cache, and a
-    config quack rejects fails with its reason instead of crashing the process."""
+def test_fused_kernel_builds_gpu_blind_into_a_library_that_loads_without_cutlass(tmp_path,
+                                                                                monkeypatch):
+    """The fused epilogue compiles on a CPU for sm90 (pingpong with a 2x1 cluster; a swap_ab
+    config with an "m"-major A, as a transposed activation gives) and is linked into a TVM-FFI
+    library; a config quack rejects fails with its reason instead of crashing the process. A
+    fresh process loads each library with tvm_ffi alone (no cutlass, no quack) and reaches the
+    kernel's own argument checks: a CPU tensor is refused for want of a GPU."""
+    import os
     import subprocess
     import sys
 
-    configs = [KernelConfig(tile_m=128, tile_n=192, pingpong=True, cluster_m=2),
-               KernelConfig(tile_m=128, tile_n=128, pingpong=True, cluster_m=1, cluster_n=2,
-                            swap_ab=True),
-               KernelConfig(tile_m=256, tile_n=128, pingpong=True)]  # pingpong tile M <= 192
-    res = subprocess.run([sys.executable, "-c", COMPILE_GPU_BLIND, str(tmp_path),
-                          json.dumps([c.to_dict() for c in configs])],
-                         capture_output=True, text=True, timeout=600)
+    from cutetune.tuner import aot
+
+    monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path / "cutetune"))
+    env = dict(os.environ)
+    jobs = [(KernelConfig(tile_m=128, tile_n=192, pingpong=True, cluster_m=2), ("k", "k")),
+            (KernelConfig(tile_m=128, tile_n=128, pingpong=True, cluster_m=1, cluster_n=2,
+                          swap_ab=True), ("m", "n")),
+            (KernelConfig(tile_m=256, tile_n=128, pingpong=True), ("k", "k"))]  # M <= 192
+    res = subprocess.run([sys.executable, "-c", BUILD_GPU_BLIND, str(tmp_path / "quack"),
+                          json.dumps([(c.to_dict(), m) for c, m in jobs])],
+                         capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     results = json.loads(res.stdout.strip().splitlines()[-1])
     assert [r[0] for r in results] == ["ok", "ok", "error"], results
-    assert all(r[1] > 0 for r in results[:2])
     assert "CTA tile shape M" in results[2][1]
-    assert len(list(tmp_path.rglob("*.o"))) == 2
+    keys = [swiglu.library_key(c, "sm90", BF16, m) for c, m in jobs]
+    assert [aot.library_ready(k) for k in keys] == [True, True, False]
+    for key in keys[:2]:
+        res = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_CUTLASS, key],
+                             capture_output=True, text=True, timeout=300, env=env)
+        assert res.returncode == 0, res.stderr[-3000:]
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+        assert got["imported"] == []
+        assert "expected device_type=cuda" in got["err"] and "__call__(mA: Tensor" in got["err"]
+        assert aot.CLUSTERS_SENTINEL in got["tail"][1]  # filled from the device at run time
 
 
 # ---------------------------------------------------------------- GPU
@@ -343,44 +407,130 @@ GPU_CONFIGS = (PLAIN, KernelConfig(tile_m=128, tile_n=192, pingpong=True, cluste
                KernelConfig(tile_m=128, tile_n=128, pingpong=False, swap_ab=True))
 
 
-@gpu
-@pytest.mark.parametrize("dtype", [BF16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda c: c.short())
-def test_gpu_fused_kernel_matches_fp32(config, dtype):
-    """quack's fused kernel (not the ATen fallback) for several configs, swap_ab among them,
-    in both 16-bit dtypes, on nn.Linear's transposed weight, against silu(G) * (A @ B) in
-    fp32."""
+def _gpu_operands(dtype):
     torch.manual_seed(0)
     a = torch.randn(1000, 2048, device="cuda", dtype=dtype)
     w = torch.randn(4096, 2048, device="cuda", dtype=dtype)
     gate = torch.randn(1000, 4096, device="cuda", dtype=dtype)
     out = torch.full((1000, 4096), float("nan"), device="cuda", dtype=dtype)
-    b = w.t()
-    assert swiglu.unsupported_reason(a, b, gate, out, config) is None
-    swiglu.quack_mm_silu_mul_out(a, b, gate, out, config)
-    assert swiglu.runs_quack(a, b, gate, out, config)
+    return a, w.t(), gate, out
+
+
+def _rel_err_to_fp32(a, b, gate, out) -> float:
     ref = F.silu(gate.float()) * (a.float() @ b.float())
-    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+    return ((out.float() - ref).norm() / ref.norm()).item()
 
 
 @gpu
-def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048():
+@pytest.mark.parametrize("dtype", [BF16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda c: c.short())
+def test_gpu_fused_kernel_matches_fp32(config, dtype, tmp_path, monkeypatch):
+    """quack's fused kernel (not the ATen fallback; no library built, so through quack) for
+    several configs, swap_ab among them, in both 16-bit dtypes, on nn.Linear's transposed
+    weight, against silu(G) * (A @ B) in fp32."""
+    monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path))
+    monkeypatch.setattr(swiglu, "_plans", {})
+    a, b, gate, out = _gpu_operands(dtype)
+    assert swiglu.unsupported_reason(a, b, gate, out, config) is None
+    swiglu.quack_mm_silu_mul_out(a, b, gate, out, config)
+    assert swiglu.launched_via(a, b, gate, out, config) == "quack"
+    assert _rel_err_to_fp32(a, b, gate, out) < 1e-2
+
+
+@gpu
+def test_gpu_fused_kernel_runs_from_its_library_without_quack(tmp_path, monkeypatch):
+    """Libraries built GPU-blind in another process (as the compile helper builds them) run
+    the fused kernel right for a 2x1 cluster, a swap_ab config and an "m"-major A, with no
+    import of quack or cutlass in the process that launches them (checked in a fresh one); the
+    cluster count asked of the driver is what quack's own query (cutlass) answers."""
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path / "cutetune"))
+    jobs = [(GPU_CONFIGS[1], ("k", "k")), (GPU_CONFIGS[3], ("k", "k")), (PLAIN, ("m", "k"))]
+    res = subprocess.run([sys.executable, "-c", BUILD_GPU_BLIND, str(tmp_path / "quack"),
+                          json.dumps([(c.to_dict(), m) for c, m in jobs])],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [r[0] for r in json.loads(res.stdout.strip().splitlines()[-1])] == ["ok"] * 3
+    script = tmp_path / "launch.py"
+    script.write_text(LAUNCH_FROM_LIBRARIES)
+    res = subprocess.run([sys.executable, str(script), json.dumps([c.to_dict() for c, _ in jobs])],
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["imported"] == [] and got["via"] == ["library"] * 3, got
+    assert max(got["errors"]) < 1e-2, got
+    from quack.cute_dsl_utils import get_max_active_clusters
+
+    from cutetune.tuner import aot
+
+    for size in (1, 2, 4):
+        assert aot.max_active_clusters(torch.device("cuda"), size) == \
+            get_max_active_clusters(size)
+
+
+LAUNCH_FROM_LIBRARIES = """
+import json, sys, torch, torch.nn.functional as F
+from cutetune.space.config import KernelConfig
+from cutetune.tuner import swiglu
+out = {"via": [], "errors": []}
+torch.manual_seed(0)
+for i, fields in enumerate(json.loads(sys.argv[1])):
+    config = KernelConfig(**fields)
+    a = torch.randn(1000, 2048, device="cuda", dtype=torch.bfloat16)
+    if i == 2:  # an "m"-major A
+        a = torch.randn(2048, 1000, device="cuda", dtype=torch.bfloat16).t()
+    b = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16).t()
+    gate = torch.randn(1000, 4096, device="cuda", dtype=torch.bfloat16)
+    d = torch.full((1000, 4096), float("nan"), device="cuda", dtype=torch.bfloat16)
+    swiglu.quack_mm_silu_mul_out(a, b, gate, d, config)
+    out["via"].append(swiglu.launched_via(a, b, gate, d, config))
+    ref = F.silu(gate.float()) * (a.float() @ b.float())
+    out["errors"].append(((d.float() - ref).norm() / ref.norm()).item())
+out["imported"] = [m for m in ("cutlass", "quack") if m in sys.modules]
+print(json.dumps(out))
+"""
+
+
+@gpu
+def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048(monkeypatch, tmp_path):
     """The packaged heuristics' decision at Llama-3-8B's shapes: predicted mode compiles the
-    MLP at M=2048 with the fused up projection and runs it right."""
+    MLP at M=2048 with the fused up projection and runs it right. With an empty kernel cache
+    the first launch compiles through quack (the compile helper is still importing) while the
+    helper builds the kernel's library, which the next compile launches instead."""
+    from torch._inductor.utils import fresh_cache
+
+    from cutetune.tuner import aot
+
+    monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path))
+    monkeypatch.setattr(ci, "_PREFETCHERS", {})  # a helper that sees this cache folder
+    monkeypatch.setattr(swiglu, "_plans", {})
+    monkeypatch.setattr(swiglu, "_builds", {})
     torch.manual_seed(0)
     lin = lambda i, o: torch.nn.Linear(i, o, bias=False).cuda().to(BF16)  # noqa: E731
     gate, up, down = lin(4096, 14336), lin(4096, 14336), lin(14336, 4096)
     mlp = lambda x: down(F.silu(gate(x)) * up(x))  # noqa: E731
     x = torch.randn(2048, 4096, device="cuda", dtype=BF16)
-    torch._dynamo.reset()
-    from torch._inductor.utils import fresh_cache
-
-    with torch.no_grad(), fresh_cache(), ci.enable("predicted"):
-        out, code = run_and_get_code(torch.compile(mlp), x)
-        ref = mlp(x)
-    assert "torch.ops.cutetune.mm_silu_mul.default(" in "".join(code)
-    assert any(plan.epi_plan is not None for plan in swiglu._plans.values())  # quack's kernel ran
-    assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-2
+    vias = []
+    try:
+        for _ in range(2):
+            torch._dynamo.reset()
+            swiglu._plans.clear()
+            with torch.no_grad(), fresh_cache(), ci.enable("predicted"):
+                out, code = run_and_get_code(torch.compile(mlp), x)
+                ref = mlp(x)
+            assert "torch.ops.cutetune.mm_silu_mul.default(" in "".join(code)
+            assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-2
+            vias.append({p.via for p in swiglu._plans.values() if p.via})
+            if aot.can_link():
+                assert ci.shared_prefetcher("sm90").wait(timeout=300)["failed"] == 0
+    finally:
+        for helper in ci._PREFETCHERS.values():
+            helper.close()
+    assert vias[0] in ({"quack"}, {"library"})  # quack's kernel ran, not ATen
+    assert vias[1] == {"library" if aot.can_link() else "quack"}
 
 
 FRESH_PROCESS = """
@@ -426,3 +576,18 @@ def test_gpu_fused_mlp_reloads_from_the_fx_graph_cache_in_a_fresh_process(tmp_pa
     assert all(r["err"] < 2e-2 for r in runs)
     cached = "".join(p.read_text() for p in (tmp_path / "inductor").rglob("*.py"))
     assert "torch.ops.cutetune.mm_silu_mul.default(" in cached
+
+
+def test_prebuild_lists_the_shipped_tables_fused_kernels_once_each():
+    """``cutetune prebuild`` builds one library per distinct fused kernel of the shipped
+    SwiGLU table (its keys parse back into the table's problems; none splits K)."""
+    from cutetune.tuner.heuristics import Heuristics, default_path
+    from cutetune.tuner.prebuild import fused_kernels
+
+    h = Heuristics.load(default_path("sm90", "bf16"))
+    kernels = fused_kernels(h)
+    fused = {k: i for k, i in h.swiglu.items() if i is not None}
+    assert kernels and len(kernels) <= len(fused)
+    assert {p.key() for p, _ in kernels.values()} <= set(fused)
+    assert {c for _, c in kernels.values()} == {h.configs[i] for i in fused.values()}
+    assert all(c.split_k == 1 for _, c in kernels.values())

@@ -12,6 +12,7 @@ FX-graph cache key.
 from __future__ import annotations
 
 import logging
+import time
 from functools import lru_cache
 from typing import Callable
 
@@ -38,17 +39,30 @@ def _mm_mul_silu(g, x, w):
 
 
 @lru_cache(maxsize=None)
-def _patterns() -> tuple:
-    """The post-grad patterns of both operand orders, per dtype (silu's decomposition casts
-    to fp32 and back, so the dtype is part of the pattern)."""
+def _patterns(dtype: torch.dtype) -> tuple:
+    """The post-grad patterns of both operand orders in ``dtype`` (silu's decomposition casts
+    to fp32 and back, so the dtype may be part of the pattern). Tracing one takes a fifth of a
+    second, so it is done for the dtypes a graph holds, once per process."""
     from torch._inductor.pattern_matcher import fwd_only, gen_pattern
 
-    out = []
-    for dtype in DTYPES:
-        g, x, w = (torch.empty(s, dtype=dtype) for s in ((8, 8), (8, 16), (16, 8)))
-        for fn in (_silu_mul_mm, _mm_mul_silu):
-            out.append(gen_pattern(fn, [g, x, w], fwd_only))
-    return tuple(out)
+    t0 = time.perf_counter()
+    g, x, w = (torch.empty(s, dtype=dtype) for s in ((8, 8), (8, 16), (16, 8)))
+    out = tuple(gen_pattern(fn, [g, x, w], fwd_only) for fn in (_silu_mul_mm, _mm_mul_silu))
+    log.info("cutetune: traced the SwiGLU patterns for %s in %.2f s", dtype,
+             time.perf_counter() - t0)
+    return out
+
+
+def candidate_dtypes(graph: torch.fx.Graph) -> list[torch.dtype]:
+    """The 16-bit dtypes of the graph's mm products that feed a mul: only these can match,
+    so a graph without one (attention projections, most graphs) traces no pattern."""
+    found = set()
+    for node in graph.find_nodes(op="call_function", target=torch.ops.aten.mm.default):
+        val = node.meta.get("val")
+        if (isinstance(val, torch.Tensor) and val.dtype in DTYPES
+                and any(u.target == torch.ops.aten.mul.Tensor for u in node.users)):
+            found.add(val.dtype)
+    return [d for d in DTYPES if d in found]
 
 
 def _static_problem(x, w, arch: Callable[[torch.device], str | None]) -> GemmProblem:
@@ -62,12 +76,15 @@ def _static_problem(x, w, arch: Callable[[torch.device], str | None]) -> GemmPro
 class SwigluFusionPass(CustomGraphPass):
     """``decide(problem) -> KernelConfig | None`` says, per up projection, which config to fuse
     with; ``key`` identifies what decides (it goes into ``uuid()``); ``arch(device)`` is
-    quack's arch for a device, None where quack cannot run."""
+    quack's arch for a device, None where quack cannot run; ``prepare(problem, config)``, if
+    given, is told of each fusion at once, to get the kernel ready while Inductor compiles."""
 
     def __init__(self, decide: Callable[[GemmProblem], KernelConfig | None], key: str,
                  arch: Callable[[torch.device], str | None],
-                 user_pass: CustomGraphPass | None = None) -> None:
+                 user_pass: CustomGraphPass | None = None,
+                 prepare: Callable[[GemmProblem, KernelConfig], None] | None = None) -> None:
         self.decide, self.key, self.arch, self.user_pass = decide, key, arch, user_pass
+        self.prepare = prepare
         self.fused: list[tuple[GemmProblem, KernelConfig]] = []  # what this process fused
 
     def uuid(self) -> str:
@@ -94,8 +111,14 @@ class SwigluFusionPass(CustomGraphPass):
             match.replace_by_example(
                 lambda g, x, w: torch.ops.cutetune.mm_silu_mul(x, w, g, ints), [g, x, w])
             self.fused.append((problem, config))
-            swiglu.import_epilogues_in_background()
+            log.info("cutetune: fused silu(gate) * mm on %s with %s", problem.key(),
+                     config.short())
+            if self.prepare is not None:
+                self.prepare(problem, config)
 
-        for pattern in _patterns():
+        dtypes = candidate_dtypes(graph)
+        if not dtypes:
+            return
+        for pattern in (p for d in dtypes for p in _patterns(d)):
             register_graph_pattern(pattern, pass_dict=matcher)(rewrite)
         matcher.apply(graph)

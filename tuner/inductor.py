@@ -81,7 +81,7 @@ from cutetune.space.features import ceiling_times_s
 from cutetune.space.problem import GemmProblem, ProblemError
 from cutetune.space.rules import is_valid
 
-from . import launcher, swiglu, template_cache
+from . import aot, launcher, swiglu, template_cache
 from .fusion_pass import SwigluFusionPass
 from .heuristics import Heuristics, HeuristicsError, ModelHeuristics, PackagedHeuristics
 from .measure import environment
@@ -541,7 +541,27 @@ def swiglu_fusion_pass(factory: ChoicesFactory, user_pass) -> SwigluFusionPass:
     heuristics = _SOURCES[factory.source]
     key = f"{factory.mode}:{factory.source}:{factory.code}"
     return SwigluFusionPass(lambda p: decide_swiglu(p, heuristics, host_bound_us()), key,
-                            lambda device: device_arch(device), user_pass)
+                            lambda device: device_arch(device), user_pass, prepare_fused_kernel)
+
+
+def prepare_fused_kernel(problem: GemmProblem, config: KernelConfig) -> None:
+    """Get a fused SwiGLU kernel ready while Inductor compiles: unless its TVM-FFI library is
+    built, the compile helper builds it (``swiglu.build_library``), so that this and later
+    processes launch it without importing quack. The first launch waits for that build if
+    the helper is past its imports (one compile to go); if it is not, the first launch
+    compiles through quack here, which takes less time than the helper's start on the H200
+    host (data/bench/e2e_h200_1gpu_aot.json), and the helper's library serves later processes.
+    Without a C compiler to link with, or with quack's disk cache off, the first launch
+    compiles here. No import runs in a thread meanwhile: on the H200 host quack's import holds
+    the GIL throughout and a thread hid none of it (data/bench/import_probe_h200.json)."""
+    key = swiglu.library_key(config, problem.arch, launcher.TORCH_DTYPE_OF[problem.dtype],
+                             (problem.a_major, problem.b_major))
+    if aot.library_ready(key):
+        return
+    helper = shared_prefetcher(problem.arch)
+    if helper.enabled and aot.can_link():
+        key = helper.submit_swiglu(problem, config)
+        swiglu.building(key, lambda timeout: helper.ready and helper.wait_for([key], timeout))
 
 
 # ---------------------------------------------------------------- feedback
@@ -824,13 +844,15 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
     launcher.extern_choices()  # generated code (also from the FX cache) calls these by name
     factory = ChoicesFactory(mode, k, _resolve_source(model))
     prefetch_for = None
+    arch = torch.cuda.is_available() and device_arch(torch.device("cuda"))
     if mode == "reduced" and prefetch:
-        # not in predicted mode: one kernel per served node compiles in less time than the
-        # helper takes to start
+        # predicted mode does not prefetch plain GEMMs: one kernel per served node compiles in
+        # less time than the helper takes to start
         prefetch_for = shared_prefetcher if prefetch is True else prefetch
-        arch = torch.cuda.is_available() and device_arch(torch.device("cuda"))
-        if arch and prefetch is True:
-            shared_prefetcher(arch).start()
+    if arch and prefetch is True and (mode == "reduced" or fuse_swiglu):
+        # started now, the helper imports quack while Dynamo traces; it builds the fused
+        # SwiGLU kernels' libraries in both modes
+        shared_prefetcher(arch).start()
     return Installation(factory, FeedbackRecorder(feedback) if feedback is not None else None,
                         prefetch_for, fuse_swiglu)
 

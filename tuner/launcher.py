@@ -30,6 +30,7 @@ from cutetune.space.rules import violations
 log = logging.getLogger(__name__)
 
 TORCH_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+TORCH_DTYPE_OF = {name: dtype for dtype, name in TORCH_DTYPES.items()}
 BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 CAPABILITY_ARCH = {9: "sm90", 10: "sm100"}
 

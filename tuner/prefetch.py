@@ -21,6 +21,9 @@ instead of paying ``import cutlass``. The helper is a plain subprocess fed over 
 it does not wait for its imports, and nothing of the user's ``__main__`` runs in it (as it would
 in a multiprocessing worker). ``enable(mode="reduced")`` starts it so it loads while Dynamo
 traces.
+
+The same helper builds the fused SwiGLU kernels' TVM-FFI libraries (``submit_swiglu``,
+``aot.py``), which ``enable()`` starts it for in predicted mode too.
 """
 
 from __future__ import annotations
@@ -32,13 +35,14 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
 
+from . import aot, swiglu
 from .compile import compile_kernel, configure_gpu_blind, kernel_object_path
 from .executor import signature_class
+from .launcher import TORCH_DTYPE_OF
 
 
 def default_workers() -> int:
@@ -47,8 +51,9 @@ def default_workers() -> int:
 
 
 class KernelPrefetcher:
-    """Submit (problem, config) kernels for compilation into quack's disk cache; each distinct
-    kernel (``signature_class``) is submitted once per process."""
+    """Submit (problem, config) kernels for compilation into quack's disk cache, and fused
+    SwiGLU kernels for their TVM-FFI libraries (``submit_swiglu``); each distinct kernel
+    (``signature_class``, or the library's key) is submitted once per process."""
 
     def __init__(self, arch: str, workers: int | None = None, cache_dir: str | None = None):
         self.arch, self.workers = arch, workers or default_workers()
@@ -59,11 +64,12 @@ class KernelPrefetcher:
         self.enabled = os.environ.get("QUACK_CACHE_ENABLED", "1") == "1"  # no disk cache: no use
         # kernel -> "pending" | "done" (compiled) | "cached" (was on disk) | "failed: ..."
         self.state: dict[tuple, str] = {}
-        self._ids: list[tuple] = []
+        self._ids: list = []
         self._kernels: dict[tuple, tuple[GemmProblem, KernelConfig]] = {}
-        self._paths: dict[tuple, Path] = {}  # key -> its object file, once asked for
+        self._paths: dict = {}  # key -> the file that marks it built, once asked for
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
+        self.ready = False  # the helper's imports are done: a kernel now takes one compile
 
     def start(self) -> None:
         """Start the helper now (it imports quack in the background)."""
@@ -81,6 +87,9 @@ class KernelPrefetcher:
     def _read(self, stream) -> None:
         for line in stream:
             status, _, rest = line.rstrip("\n").partition(" ")
+            if status == "ready":
+                self.ready = True
+                continue
             idx, _, detail = rest.partition(" ")
             with self._lock:
                 key = self._ids[int(idx)]
@@ -92,20 +101,36 @@ class KernelPrefetcher:
 
     def submit(self, kernels) -> int:
         """Queue the kernels of ``(problem, config)`` pairs not queued before; how many."""
+        jobs = []
+        for problem, config in kernels:
+            key = signature_class(problem, config)
+            self._kernels.setdefault(key, (problem, config))
+            jobs.append((key, ["gemm", problem.to_dict(), config.to_dict()]))
+        return self._queue(jobs)
+
+    def submit_swiglu(self, problem: GemmProblem, config: KernelConfig) -> str:
+        """Queue the library build (``swiglu.build_library``) of the fused SwiGLU kernel
+        for ``problem``'s up projection unless it is built or queued; its key
+        (``swiglu.library_key``)."""
+        majors = (problem.a_major, problem.b_major)
+        key = swiglu.library_key(config, self.arch, TORCH_DTYPE_OF[problem.dtype], majors)
+        self._paths.setdefault(key, aot.library_paths(key)[1])
+        if not self._paths[key].exists():
+            self._queue([(key, ["swiglu", config.to_dict(), problem.dtype, majors])])
+        return key
+
+    def _queue(self, jobs) -> int:
         if not self.enabled:
             return 0
         self.start()
         lines = []
         with self._lock:
-            for problem, config in kernels:
-                key = signature_class(problem, config)
+            for key, job in jobs:
                 if key in self.state:
                     continue
                 self.state[key] = "pending"
-                self._kernels[key] = (problem, config)
                 self._ids.append(key)
-                lines.append(json.dumps([len(self._ids) - 1, problem.to_dict(),
-                                         config.to_dict()]))
+                lines.append(json.dumps([len(self._ids) - 1, *job]))
         try:
             self._proc.stdin.write("".join(f"{ln}\n" for ln in lines))
             self._proc.stdin.flush()
@@ -144,7 +169,7 @@ class KernelPrefetcher:
 
         return _poll(ready, timeout)
 
-    def _on_disk(self, key: tuple) -> bool:
+    def _on_disk(self, key) -> bool:
         if key not in self._paths:
             self._paths[key] = kernel_object_path(*self._kernels[key], self.cache_dir)
         return self._paths[key].exists()
@@ -167,30 +192,46 @@ def _poll(condition, timeout: float | None) -> bool:
 
 
 # ---------------------------------------------------------------- the helper process
+def _job(arch: str, kind: str, *payload):
+    """(whether it is built already, how to build it) for one job line of ``serve``."""
+    if kind == "gemm":
+        problem, config = GemmProblem(**payload[0]), KernelConfig.from_dict(payload[1])
+        return (kernel_object_path(problem, config).exists(),
+                lambda: compile_kernel(problem, config))
+    config, dtype, majors = (KernelConfig.from_dict(payload[0]), TORCH_DTYPE_OF[payload[1]],
+                             tuple(payload[2]))
+    return (aot.library_ready(swiglu.library_key(config, arch, dtype, majors)),
+            lambda: swiglu.build_library(config, arch, dtype, majors))
+
+
 def serve(arch: str, workers: int) -> None:
-    """Read ``[id, problem, config]`` lines; print ``cached ID`` for a kernel already on disk,
-    else compile it in a child forked from this process, at most ``workers`` at a time, and
+    """Print ``ready`` once quack is imported, then read ``[id, kind, ...]`` job lines
+    (``gemm``: a kernel into quack's disk cache; ``swiglu``: a fused kernel's TVM-FFI
+    library); print ``cached ID`` for one built already,
+    else build it in a child forked from this process, at most ``workers`` at a time, and
     print ``done ID`` or ``failed ID why`` as each ends. Exits after its input closes and its
     children end. SIGTERM: children finish their kernel (a kernel is written whole or not at
     all), queued ones are dropped."""
     configure_gpu_blind(arch, os.environ.get("QUACK_CACHE_DIR"))
     import quack.gemm  # noqa: F401  (what every child would import: once, here)
+    import cutetune.tuner.quack_epilogues  # noqa: F401
 
+    print("ready", flush=True)
     queue: list[list] = []
     running: dict[int, int] = {}  # pid -> id
     buf, open_input = b"", True
     while open_input or queue or running:
         while queue and len(running) < workers:
-            idx, problem, config = queue.pop(0)
-            problem, config = GemmProblem(**problem), KernelConfig.from_dict(config)
-            if kernel_object_path(problem, config).exists():
+            idx, *job = queue.pop(0)
+            cached, build = _job(arch, *job)
+            if cached:
                 print(f"cached {idx}", flush=True)
                 continue
             pid = os.fork()
             if pid == 0:
                 code = 0
                 try:
-                    compile_kernel(problem, config)
+                    build()
                 except BaseException as e:  # noqa: BLE001  (reported by the exit code)
                     print(f"{type(e).__name__}: {e}"[:300].replace("\n", " "), file=sys.stderr)
                     code = 1

@@ -11,16 +11,16 @@ is ``fusion_pass.py``.
 
 The custom op ``cutetune::mm_silu_mul`` is what a rewritten graph calls; Inductor lowers it as
 a fallback kernel, so generated code (also reloaded from the FX-graph cache) calls it by name
-once cutetune is imported.
+once cutetune is imported. It launches the kernel from its TVM-FFI library (``aot.py``,
+``build_library``) where one is built, without importing quack, and through quack otherwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
-from functools import lru_cache
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +31,9 @@ from cutetune.space.features import ceiling_times_s
 from cutetune.space.problem import DTYPE_BYTES, GemmProblem, ProblemError
 from cutetune.space.rules import is_valid
 
-from .launcher import (_aligned, as_config, check_config, check_out, config_tuple, device_arch,
-                       gemm_problem, in_background, launch_first)
+from . import aot
+from .launcher import (TORCH_DTYPES, _aligned, as_config, check_config, check_out, config_tuple,
+                       device_arch, gemm_problem, launch_first)
 
 log = logging.getLogger(__name__)
 
@@ -100,29 +101,39 @@ def measured_fusions(bench: dict, arch: str, dtype: str) -> dict[str, KernelConf
 
 
 # ---------------------------------------------------------------- run time
-def _import_epilogues() -> None:
-    t0 = time.perf_counter()
-    import cutetune.tuner.quack_epilogues  # noqa: F401
-
-    log.info("cutetune: imported quack's epilogues in %.2f s", time.perf_counter() - t0)
-
-
-@lru_cache(maxsize=None)
-def import_epilogues_in_background() -> threading.Thread:
-    """``launcher.in_background`` for the fused epilogue's quack modules, once per process."""
-    return in_background(_import_epilogues, "quack-epilogues")
-
-
 class _Plan:
-    __slots__ = ("config", "epi_plan")
+    """What one metadata key resolved to: its config (None: ATen) and, after the first launch,
+    ``run(a, b, gate, out)`` and what it runs through (``via``): the kernel's TVM-FFI library
+    (``aot.py``) or quack's plan."""
+
+    __slots__ = ("config", "run", "via")
 
     def __init__(self, config: KernelConfig | None) -> None:
         self.config = config
-        self.epi_plan = None
+        self.run = self.via = None
 
 
 _ATEN = _Plan(None)
 _plans: dict[tuple, _Plan] = {}
+# Library builds under way (``aot.kernel_key`` -> ``wait(timeout_s) -> bool``), registered by
+# whoever started them (Inductor's compile helper): a first launch waits for its own kernel's
+# where ``wait`` says it is worth it, and otherwise compiles through quack here.
+_builds: dict[str, Callable[[float], bool]] = {}
+BUILD_WAIT_S = 120.0  # the helper's imports plus one compile, with room for a slow host
+
+
+def library_key(config: KernelConfig, arch: str, dtype: torch.dtype, majors: tuple[str, str]
+                ) -> str:
+    """The fused kernel's TVM-FFI library name (``aot.kernel_key``) for A and B of these
+    majors (``GemmProblem.a_major``, ``b_major``): the compiled kernel is specific to them."""
+    return aot.kernel_key(f"swiglu-{majors[0]}{majors[1]}", config, arch, TORCH_DTYPES[dtype])
+
+
+def building(key: str, wait: Callable[[float], bool]) -> None:
+    """Record that the library ``key`` is being built; ``wait(timeout_s)`` blocks until the
+    build is over (True), or returns False at once where waiting would take longer than
+    compiling here or once the timeout passed."""
+    _builds[key] = wait
 
 
 def unsupported_reason(a, b, gate, out, config) -> str | None:
@@ -153,15 +164,48 @@ def _aten(a, b, gate, out):
     return out.mul_(F.silu(gate))
 
 
-def _launch(plan: _Plan, a, b, gate, out) -> None:
-    if plan.epi_plan is None:
-        from cutetune.tuner.quack_epilogues import silu_mul
+def _library_runner(config: KernelConfig, arch: str, a, b):
+    """``run`` through the kernel's TVM-FFI library when it is built or being built (waiting
+    for that), else None."""
+    problem = gemm_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.dtype, arch)
+    key = library_key(config, arch, a.dtype, (problem.a_major, problem.b_major))
+    wait = _builds.get(key)
+    if not aot.library_ready(key) and not (wait is not None and wait(BUILD_WAIT_S)
+                                           and aot.library_ready(key)):
+        return None
+    try:
+        lib = aot.Library(key, a.device, config.cluster_m * config.cluster_n)
+    except aot.AotError as e:
+        log.warning("cutetune: the fused kernel's library did not load (%s); using quack", e)
+        return None
+    log.info("cutetune: fused SwiGLU %s runs from its TVM-FFI library", config.short())
+    return lambda a, b, gate, out: lib.launch(a, b, out, gate)
 
-        cfg = plan.config
-        plan.epi_plan = silu_mul.plan(a, b, gate, out={"D": out},
-                                      config=cfg.to_quack(device_arch(a.device)),
-                                      dynamic_scheduler=cfg.is_dynamic_persistent)
-    plan.epi_plan.run(a, b, gate, out={"D": out})
+
+def _quack_runner(config: KernelConfig, a, b, gate, out):
+    """``run`` through quack's epilogue frontend (imports quack; compiles on a cold cache)."""
+    from cutetune.tuner.quack_epilogues import silu_mul
+
+    plan = silu_mul.plan(a, b, gate, out={"D": out}, config=config.to_quack(device_arch(a.device)),
+                         dynamic_scheduler=config.is_dynamic_persistent)
+    return lambda a, b, gate, out: plan.run(a, b, gate, out={"D": out})
+
+
+def _first_launch(plan: _Plan, a, b, gate, out) -> None:
+    """Launch from the kernel's library if it loads and runs, else through quack (a failure
+    there too reaches ``launch_first``, which retires the call to ATen)."""
+    run = _library_runner(plan.config, device_arch(a.device), a, b)
+    if run is not None:
+        try:
+            run(a, b, gate, out)
+            plan.run, plan.via = run, "library"
+            return
+        except Exception as e:  # noqa: BLE001
+            log.warning("cutetune: the fused kernel's library failed (%s: %s); using quack",
+                        type(e).__name__, e)
+    run = _quack_runner(plan.config, a, b, gate, out)
+    run(a, b, gate, out)
+    plan.run, plan.via = run, "quack"
 
 
 def _key(a, b, gate, out, config) -> tuple:
@@ -169,43 +213,54 @@ def _key(a, b, gate, out, config) -> tuple:
             out.shape, out.stride(), a.dtype, out.dtype, a.device)
 
 
-def runs_quack(a, b, gate, out, config) -> bool:
-    """Whether calls with this metadata have run quack's kernel (not ATen) so far."""
+def launched_via(a, b, gate, out, config) -> str | None:
+    """How calls with this metadata ran the fused kernel so far: "library" (its TVM-FFI
+    library) or "quack"; None where they ran ATen or nothing yet."""
     plan = _plans.get(_key(a, b, gate, out, config))
-    return plan is not None and plan.epi_plan is not None
+    return None if plan is None else plan.via
 
 
-def compile_kernel(config: KernelConfig, arch: str, dtype: torch.dtype = torch.bfloat16
-                   ) -> float:
-    """Compile (or find in quack's disk cache) the fused kernel for ``config`` in a process
-    made GPU-blind by ``compile.configure_gpu_blind``; seconds taken. The kernel is compiled
-    for symbolic sizes, so small CPU tensors of the runtime's dtypes and majors (A row-major,
-    B nn.Linear's transposed weight) stand for every problem. Building the launch plan then
-    asks the driver how many clusters fit; the compile is done by then, and the plan is not
-    kept, so that question gets a placeholder answer here."""
+def _cpu_plan(config: KernelConfig, arch: str, dtype: torch.dtype, majors: tuple[str, str],
+              clusters: int):
+    """quack's launch plan of the fused kernel, built in a process made GPU-blind by
+    ``compile.configure_gpu_blind`` (it compiles the kernel, or finds it in quack's disk
+    cache). The kernel is compiled for symbolic sizes, so small CPU tensors of the runtime's
+    dtype and operand majors stand for every problem (nn.Linear's weight gives B "k").
+    Building the plan then asks the driver how many clusters fit; ``clusters`` answers."""
     from quack.gemm_runtime import host
 
     from cutetune.tuner.quack_epilogues import silu_mul
 
-    a, w, gate, out = (torch.empty(s, dtype=dtype) for s in ((256, 128), (256, 128),
-                                                           (256, 256), (256, 256)))
+    m, n, k = 256, 256, 128
+    a = torch.empty(m, k, dtype=dtype) if majors[0] == "k" else torch.empty(k, m, dtype=dtype).t()
+    b = torch.empty(k, n, dtype=dtype) if majors[1] == "n" else torch.empty(n, k, dtype=dtype).t()
+    gate, out = torch.empty(m, n, dtype=dtype), torch.empty(m, n, dtype=dtype)
     asked = host.get_max_active_clusters
-    host.get_max_active_clusters = lambda cluster_size: 1
-    t0 = time.perf_counter()
+    host.get_max_active_clusters = lambda cluster_size: clusters
     try:
-        silu_mul.plan(a, w.t(), gate, out={"D": out}, config=config.to_quack(arch),
-                      dynamic_scheduler=config.is_dynamic_persistent)
+        return silu_mul.plan(a, b, gate, out={"D": out}, config=config.to_quack(arch),
+                             dynamic_scheduler=config.is_dynamic_persistent)
     finally:
         host.get_max_active_clusters = asked
+
+
+def build_library(config: KernelConfig, arch: str, dtype: torch.dtype,
+                  majors: tuple[str, str]) -> float:
+    """Compile the fused kernel with quack and keep it as a TVM-FFI library (``aot.build``),
+    in a GPU-blind process; seconds taken."""
+    t0 = time.perf_counter()
+    aot.build(library_key(config, arch, dtype, majors),
+              lambda: _cpu_plan(config, arch, dtype, majors, aot.CLUSTERS_SENTINEL))
     return time.perf_counter() - t0
 
 
 def quack_mm_silu_mul_out(a: torch.Tensor, b: torch.Tensor, gate: torch.Tensor,
                           out: torch.Tensor, config) -> torch.Tensor:
     """``out = silu(gate) * (a @ b)`` with quack's fused kernel for ``config`` (a
-    KernelConfig or its field tuple). Anything the kernel cannot take (see
-    ``unsupported_reason``, or an unaligned base pointer) runs ATen instead, and a config whose
-    first launch fails is retired to ATen for that metadata with a warning."""
+    KernelConfig or its field tuple), from its TVM-FFI library where one is built (no quack
+    import), else through quack. Anything the kernel cannot take (see ``unsupported_reason``,
+    or an unaligned base pointer) runs ATen instead, and a config whose first launch fails is
+    retired to ATen for that metadata with a warning."""
     key = _key(a, b, gate, out, config)
     plan = _plans.get(key)
     if plan is None:
@@ -216,10 +271,10 @@ def quack_mm_silu_mul_out(a: torch.Tensor, b: torch.Tensor, gate: torch.Tensor,
         plan = _plans[key] = _ATEN if reason else _Plan(as_config(config))
     if plan.config is None or out.numel() == 0 or not _aligned(a, b, gate, out):
         return _aten(a, b, gate, out)
-    if plan.epi_plan is not None:
-        _launch(plan, a, b, gate, out)
+    if plan.run is not None:
+        plan.run(a, b, gate, out)
         return out
-    if not launch_first(lambda: _launch(plan, a, b, gate, out),
+    if not launch_first(lambda: _first_launch(plan, a, b, gate, out),
                         f"fused SwiGLU config {plan.config.short()} on {tuple(a.shape)} @ "
                         f"{tuple(b.shape)}"):
         _plans[key] = _ATEN

@@ -1,0 +1,255 @@
+"""quack kernels run through TVM-FFI alone: no quack and no cutlass import where the model runs.
+
+quack compiles a kernel into an object file whose entry point is a TVM-FFI function, and loads
+it through cutlass's JIT linker; so the first quack kernel of a process pays cutlass's import
+(seconds on the H200 host: data/bench/import_probe_h200.json). Here a GPU-blind process (the
+compile helper of ``prefetch.py``) builds the kernel with quack, links its object file into a
+shared library against cutlass's small runtime library and libtvm_ffi (with the system C
+compiler, which Triton needs as well), and writes down the arguments quack's launch plan
+passes besides the tensors. The model's process then loads the library with
+``tvm_ffi.load_module`` (milliseconds) and calls it with those arguments. The one value that
+depends on the GPU, how many clusters fit at once, is asked of the CUDA driver at run time the
+way cutlass asks it (``max_active_clusters``).
+
+A library is keyed by what built it (the kernel, the config, quack's, cutlass's and TVM-FFI's
+versions, the epilogue's source), so a stale one is never loaded; anything missing or failing
+here leaves the caller on quack's own path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+from cutetune.space.config import KernelConfig
+
+from .compile import cache_dir
+from .template_cache import _write_atomic
+
+FORMAT = 1
+# What quack's plan build gets for the number of active clusters in the GPU-blind builder: it
+# marks where the launch arguments carry that number, which the runtime fills in.
+CLUSTERS_SENTINEL = 1_000_003
+_PACKAGES = ("quack-kernels", "nvidia-cutlass-dsl", "apache-tvm-ffi")
+
+
+class AotError(RuntimeError):
+    """A kernel could not be built or loaded as a TVM-FFI library."""
+
+
+# ---------------------------------------------------------------- keys and paths
+@lru_cache(maxsize=None)
+def _versions() -> tuple:
+    out = []
+    for name in _PACKAGES:
+        try:
+            out.append((name, importlib.metadata.version(name)))
+        except importlib.metadata.PackageNotFoundError:
+            out.append((name, None))
+    return tuple(out)
+
+
+@lru_cache(maxsize=None)
+def _source_digest(module: str) -> str:
+    spec = importlib.util.find_spec(module)
+    return hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()[:16]
+
+
+def kernel_key(kind: str, config: KernelConfig, arch: str, dtype: str) -> str:
+    """The library's name: a digest of the kernel and of everything that built it."""
+    ident = [FORMAT, kind, config.to_dict(), arch, dtype, _versions(),
+             _source_digest("cutetune.tuner.quack_epilogues")]
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def library_dir() -> Path:
+    return cache_dir() / "aot"
+
+
+def library_paths(key: str) -> tuple[Path, Path]:
+    """The shared library and its launch arguments (JSON, written last: it marks the pair
+    complete)."""
+    return library_dir() / f"{key}.so", library_dir() / f"{key}.json"
+
+
+def library_ready(key: str) -> bool:
+    return library_paths(key)[1].exists()
+
+
+# ---------------------------------------------------------------- building (GPU-blind, quack)
+def _wire(value):
+    """quack's launch arguments (NamedTuples, cutlass numerics, None) as the plain nested lists
+    and numbers that the compiled function's TVM-FFI signature takes; AotError for anything
+    else (a tensor or pointer baked into a plan cannot be replayed)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, tuple):
+        return [_wire(v) for v in value]
+    inner = getattr(value, "value", None)
+    if isinstance(inner, (int, float)) and type(value).__module__.startswith("cutlass"):
+        return inner
+    raise AotError(f"launch argument of type {type(value).__name__} cannot be recorded")
+
+
+def epi_plan_arguments(plan) -> dict:
+    """What quack's ``EpiPlan.run`` passes to the compiled function besides A, B, D and C, for
+    a plan whose launch has nothing per call (no epilogue scalars or scratch, no split-K, a
+    static scheduler); AotError otherwise."""
+    gp = plan.gemm_plan
+    if gp.call_ops or plan.scratch or plan.out_names or gp.split_k != 1 \
+            or gp.scheduler_static is None:
+        raise AotError("the plan has per-call launch arguments")
+    epi = gp.gemm_cls.EpilogueArguments._make(gp.arg_template.values())
+    # launch_gemm's trailing arguments: epilogue, scheduler, varlen, SFA, SFB
+    tail = _wire((epi, gp.scheduler_static, None, None, None))
+    return {"b_kn": bool(plan.b_kn), "swapped": bool(plan.swapped), "tail": tail}
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def can_link() -> bool:
+    """Whether this machine has the C compiler that ``link`` needs."""
+    return _compiler() is not None
+
+
+def link(obj: Path, so: Path) -> None:
+    """Link quack's object file into a shared library that finds cutlass's runtime and
+    libtvm_ffi by absolute rpath (they are where this environment installed them)."""
+    from cutlass.runtime import find_runtime_libraries
+
+    libs = find_runtime_libraries(enable_tvm_ffi=True)
+    if len(libs) < 2:
+        raise AotError(f"cutlass's runtime libraries were not found (got {libs})")
+    if not can_link():
+        raise AotError("no C compiler (cc or gcc, or $CC) to link the kernel library")
+    cmd = [_compiler(), "-shared", "-o", str(so), str(obj), *libs]
+    cmd += [f"-Wl,-rpath,{d}" for d in sorted({str(Path(p).parent) for p in libs})]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        raise AotError(f"linking failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+
+
+def build(key: str, make_plan) -> Path:
+    """Compile with quack (``make_plan()`` returns the EpiPlan, built while quack's kernel cache
+    points at a scratch folder, so its one object file is this kernel's), link, record the
+    launch arguments; the JSON file's path. Needs quack imported in a GPU-blind process
+    (``compile.configure_gpu_blind``)."""
+    import quack.cache as qcache
+    from quack.cache.jit import EXPORT_FUNC_NAME
+
+    so, meta = library_paths(key)
+    so.parent.mkdir(parents=True, exist_ok=True)
+    prev = qcache.CACHE_DIR
+    with tempfile.TemporaryDirectory(prefix="cutetune-aot-") as tmp:
+        qcache.CACHE_DIR = tmp
+        try:
+            plan = make_plan()
+        finally:
+            qcache.CACHE_DIR = prev
+        objs = sorted(Path(tmp).rglob("*.o"))
+        if len(objs) != 1:
+            raise AotError(f"expected one object file from quack's compile, found {len(objs)}")
+        args = epi_plan_arguments(plan)
+        tmp_so = so.with_name(f".{so.name}.{os.getpid()}")
+        link(objs[0], tmp_so)
+        os.replace(tmp_so, so)
+    _write_atomic(meta, json.dumps({"format": FORMAT, "function": EXPORT_FUNC_NAME,
+                                    "library": so.name, **args}).encode())
+    return meta
+
+
+# ---------------------------------------------------------------- running (tvm_ffi only)
+class Library:
+    """A loaded kernel: ``launch(a, b, d, c)`` with ``b`` as (K, N), quack's logical B."""
+
+    def __init__(self, key: str, device, cluster_size: int) -> None:
+        so, meta_path = library_paths(key)
+        try:
+            meta = json.loads(meta_path.read_text())
+            if meta.get("format") != FORMAT:
+                raise AotError(f"library format {meta.get('format')} is not {FORMAT}")
+            import tvm_ffi
+
+            self.fn = tvm_ffi.load_module(str(so))[meta["function"]]
+            self.b_kn, self.swapped = meta["b_kn"], meta["swapped"]
+            self.tail = _fill(meta["tail"], lambda: max_active_clusters(device, cluster_size))
+        except (OSError, ValueError, KeyError, RuntimeError, AttributeError) as e:
+            raise AotError(f"{meta_path}: {type(e).__name__}: {e}") from e
+
+    def launch(self, a, b, d, c) -> None:
+        if not self.b_kn:
+            b = b.mT
+        if self.swapped:
+            a, b = b, a
+        self.fn(a, b, d, c, *self.tail)
+
+
+def _fill(value, clusters):
+    """The recorded arguments as tuples, the cluster sentinel replaced by ``clusters()``."""
+    if isinstance(value, list):
+        return tuple(_fill(v, clusters) for v in value)
+    return clusters() if value == CLUSTERS_SENTINEL else value
+
+
+_PROBE_PTX = b"""
+.version 7.8
+.target sm_90
+.address_size 64
+.visible .entry cutetune_occupancy_probe() { ret; }
+\0"""
+
+
+@lru_cache(maxsize=None)
+def max_active_clusters(device, cluster_size: int) -> int:
+    """How many clusters of ``cluster_size`` CTAs (one per SM, all of its shared memory) run at
+    once on ``device``: the CUDA driver's occupancy query on an empty kernel, as cutlass's
+    ``HardwareInfo.get_max_active_clusters`` asks it for quack's persistent schedulers."""
+    import torch
+    from cuda.bindings import driver as cu
+
+    def check(result):
+        err, *rest = result
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise AotError(f"CUDA driver error {err} in the occupancy query")
+        return rest[0] if len(rest) == 1 else rest
+
+    with torch.cuda.device(device):
+        torch.cuda.init()
+        torch.empty(1, device=device)  # the primary context is current on this thread
+        dev = check(cu.cuCtxGetDevice())
+        module = check(cu.cuModuleLoadData(_PROBE_PTX))
+        try:
+            fn = check(cu.cuModuleGetFunction(module, b"cutetune_occupancy_probe"))
+            optin = check(cu.cuDeviceGetAttribute(
+                cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev))
+            check(cu.cuFuncSetAttribute(
+                fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                optin))
+            smem = check(cu.cuOccupancyAvailableDynamicSMemPerBlock(fn, 1, 1))
+            blocks = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, 1, smem))
+            check(cu.cuFuncSetAttribute(
+                fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                1))
+            config = cu.CUlaunchConfig()
+            config.blockDimX, config.blockDimY, config.blockDimZ = 128, 1, 1
+            config.sharedMemBytes = smem
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            value = cu.CUlaunchAttributeValue()
+            value.clusterDim.x, value.clusterDim.y, value.clusterDim.z = cluster_size, 1, 1
+            attr.value = value
+            config.numAttrs, config.attrs = 1, [attr]
+            config.gridDimX, config.gridDimY, config.gridDimZ = cluster_size, blocks, 1
+            return int(check(cu.cuOccupancyMaxActiveClusters(fn, config)))
+        finally:
+            cu.cuModuleUnload(module)

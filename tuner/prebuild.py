@@ -1,0 +1,61 @@
+"""``cutetune prebuild``: build the TVM-FFI libraries (``aot.py``) of the fused SwiGLU kernels
+that a heuristics file's SwiGLU table names, without a GPU. The first compile on the GPU then
+launches them with no kernel compile and no quack import, which is the warm compile time from
+a cold start: for a deployment image built on a CPU, a CI job, or before a benchmark.
+
+Unmeasured up projections fuse with configs the heuristics pick at compile time; those are
+built by the compile helper when first used, not here.
+"""
+
+from __future__ import annotations
+
+import json
+
+from cutetune.space.problem import GemmProblem
+
+from . import aot, swiglu
+from .heuristics import Heuristics, default_path
+from .launcher import TORCH_DTYPE_OF
+from .prefetch import KernelPrefetcher
+
+
+def fused_kernels(h: Heuristics) -> dict:
+    """library key -> (problem, config) for the table's fused up projections, one per
+    distinct kernel."""
+    out = {}
+    for key, idx in sorted(h.swiglu.items()):
+        if idx is not None:
+            problem, config = GemmProblem.from_key(key), h.configs[idx]
+            out[swiglu.library_key(config, problem.arch, TORCH_DTYPE_OF[problem.dtype],
+                                   (problem.a_major, problem.b_major))] = (problem, config)
+    return out
+
+
+def prebuild(h: Heuristics, workers: int | None = None, timeout_s: float = 1800.0) -> dict:
+    """Build ``fused_kernels(h)`` in the compile helper's GPU-blind processes; a summary."""
+    kernels = fused_kernels(h)
+    helper = KernelPrefetcher(h.arch, workers=workers)
+    try:
+        for problem, config in kernels.values():
+            helper.submit_swiglu(problem, config)
+        stats = helper.wait(timeout=timeout_s)
+    finally:
+        helper.close()
+    return {"kernels": len(kernels), "built": sum(aot.library_ready(k) for k in kernels),
+            **stats, "folder": str(aot.library_dir())}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("prebuild", help="build the fused SwiGLU kernels' libraries (no GPU)",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--heuristics", help="heuristics file (default: the packaged sm90 bf16 one)")
+    p.add_argument("--workers", type=int, help="compile processes (default: cores - 1)")
+    p.add_argument("--timeout-s", type=float, default=1800.0)
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    h = Heuristics.load(args.heuristics or default_path("sm90", "bf16"))
+    summary = prebuild(h, args.workers, args.timeout_s)
+    print(json.dumps(summary))
+    return 0 if summary["built"] == summary["kernels"] else 1
