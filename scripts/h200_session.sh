@@ -82,6 +82,9 @@
 #   aot3  (after `cutetune prebuild` and the predicted-MLP test's second compile from the
 #      helper's library) the fused kernel's GPU tests of the library path and predicted mode,
 #      then aot2's compile times twice more: from fresh processes they vary by about a second
+#   aot4  (after cutetune shipped the fused kernels' object files) this environment's added to
+#      cutetune/data/fused_kernels.zip (`cutetune prebuild --package`, the zip brought back),
+#      then aot2's compile times: a cold cache now links the shipped kernels
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -337,6 +340,12 @@ fx_graph_cache" -q -p no:cacheprovider 2>&1 | tail -n 4 | tee "$E2E/gpu_tests_$C
       bench "part_aot3_$rep" --ms 4096 8192 --modes default predicted --warm-for predicted \
         --skip-overhead --budget-s "$(left $(( rep == 1 ? 160 : 10 )))"
     done ;;
+  aot4)
+    python -m cutetune prebuild --package cutetune/data/fused_kernels.zip 2>&1 | tail -n 1 \
+      | tee "$E2E/prebuild_$CALL.log"
+    cp cutetune/data/fused_kernels.zip "$OUT/"
+    bench part_aot4 --ms 4096 8192 --modes default predicted --warm-for predicted \
+      --skip-overhead --budget-s "$(left 10)" ;;
   aot_steps)
     python -m cutetune prebuild 2>&1 | tail -n 1 | tee "$E2E/prebuild.log"
     mlp_steps aot 20 5 "default max-autotune predicted" 2048 4096 8192 ;;

@@ -368,7 +368,8 @@ def test_fused_kernel_builds_gpu_blind_into_a_library_that_loads_without_cutlass
     config with an "m"-major A, as a transposed activation gives) and is linked into a TVM-FFI
     library; a config quack rejects fails with its reason instead of crashing the process. A
     fresh process loads each library with tvm_ffi alone (no cutlass, no quack) and reaches the
-    kernel's own argument checks: a CPU tensor is refused for want of a GPU."""
+    kernel's own argument checks: a CPU tensor is refused for want of a GPU. Written as a
+    package of object files, they link into another cache folder and load the same way."""
     import os
     import subprocess
     import sys
@@ -390,14 +391,65 @@ def test_fused_kernel_builds_gpu_blind_into_a_library_that_loads_without_cutlass
     assert "CTA tile shape M" in results[2][1]
     keys = [swiglu.library_key(c, "sm90", BF16, m) for c, m in jobs]
     assert [aot.library_ready(k) for k in keys] == [True, True, False]
+    # shipped as object files: another cache folder links them from the package
+    package = tmp_path / "kernels.zip"
+    aot.write_package(package, [swiglu.library_spec(jobs[0][0], "sm90", BF16, jobs[0][1])])
+    aot.write_package(package, [swiglu.library_spec(c, "sm90", BF16, m) for c, m in jobs[:2]])
+    monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path / "fresh"))
+    assert not aot.library_ready(keys[0]) and not aot.ensure_library(keys[2], package)
+    assert all(aot.ensure_library(k, package) for k in keys[:2])
     for key in keys[:2]:
         res = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_CUTLASS, key],
-                             capture_output=True, text=True, timeout=300, env=env)
+                             capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ))
         assert res.returncode == 0, res.stderr[-3000:]
         got = json.loads(res.stdout.strip().splitlines()[-1])
         assert got["imported"] == []
         assert "expected device_type=cuda" in got["err"] and "__call__(mA: Tensor" in got["err"]
         assert aot.CLUSTERS_SENTINEL in got["tail"][1]  # filled from the device at run time
+
+
+def test_shipped_kernels_match_the_table_and_install_only_where_built(tmp_path, monkeypatch):
+    """The shipped object files (``cutetune prebuild --package``) are the shipped table's fused
+    kernels for each environment that built them, keyed by it (recomputed from the manifest);
+    an environment that built them links each, any other none."""
+    import zipfile
+
+    from cutetune.tuner import aot
+    from cutetune.tuner.heuristics import Heuristics, default_path
+    from cutetune.tuner.prebuild import fused_kernels
+
+    monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path))
+    with zipfile.ZipFile(aot.PACKAGE) as z:
+        manifest = json.loads(z.read("manifest.json"))
+        names = set(z.namelist())
+    envs, kernels = manifest["environments"], manifest["kernels"]
+    assert envs and all(aot.kernel_key(k["spec"], envs[k["environment"]]) == key
+                        for key, k in kernels.items())
+    assert names == {"manifest.json"} | {f"{k}.{x}" for k in kernels for x in ("o", "json")}
+    h = Heuristics.load(default_path("sm90", "bf16"))
+    table = sorted(sorted(c.to_dict().items()) for _, c in fused_kernels(h).values())
+    for i in range(len(envs)):
+        assert sorted(sorted(k["spec"]["config"].items()) for k in kernels.values()
+                      if k["environment"] == i) == table
+    here = [swiglu.library_key(c, p.arch, BF16, (p.a_major, p.b_major))
+            for p, c in fused_kernels(h).values()]
+    if aot.build_environment() not in envs:
+        assert not any(aot.ensure_library(k) for k in here)
+    elif aot.can_link():
+        assert all(aot.ensure_library(k) for k in here)
+
+
+def test_a_corrupt_package_is_reported_and_costs_nothing(tmp_path, monkeypatch, caplog):
+    from cutetune.tuner import aot
+
+    monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "kernels.zip"
+    bad.write_bytes(b"not a zip")
+    with caplog.at_level("WARNING"):
+        assert not aot.ensure_library("0" * 32, bad)
+    assert "are unreadable" in caplog.text and str(bad) in caplog.text
+    assert not aot.ensure_library("0" * 32, tmp_path / "absent.zip")
 
 
 # ---------------------------------------------------------------- GPU

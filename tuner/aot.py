@@ -12,8 +12,12 @@ depends on the GPU, how many clusters fit at once, is asked of the CUDA driver a
 way cutlass asks it (``max_active_clusters``).
 
 A library is keyed by what built it (the kernel, the config, quack's, cutlass's and TVM-FFI's
-versions, the epilogue's source), so a stale one is never loaded; anything missing or failing
-here leaves the caller on quack's own path.
+versions, the machine, the epilogue's source), so a stale one is never loaded; anything
+missing or failing here leaves the caller on quack's own path.
+
+cutetune ships the object files of its heuristics' fused kernels (``PACKAGE``, written by
+``cutetune prebuild --package``): where the environment matches the one they were built in,
+the first use links one (milliseconds) instead of compiling it (seconds, and quack's import).
 """
 
 from __future__ import annotations
@@ -22,14 +26,17 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
+import zipfile
 from functools import lru_cache
 from pathlib import Path
 
-from cutetune.space.config import KernelConfig
+import cutetune
 
 from .compile import cache_dir
 from .template_cache import _write_atomic
@@ -38,7 +45,12 @@ FORMAT = 1
 # What quack's plan build gets for the number of active clusters in the GPU-blind builder: it
 # marks where the launch arguments carry that number, which the runtime fills in.
 CLUSTERS_SENTINEL = 1_000_003
-_PACKAGES = ("quack-kernels", "nvidia-cutlass-dsl", "apache-tvm-ffi")
+_PACKAGES = ("quack-kernels", "nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-cu12",
+             "nvidia-cutlass-dsl-libs-cu13", "apache-tvm-ffi")
+_RUNTIME_DISTS = ("nvidia-cutlass-dsl-libs-cu13", "nvidia-cutlass-dsl-libs-cu12")
+PACKAGE = Path(cutetune.__file__).resolve().parent / "data" / "fused_kernels.zip"
+
+log = logging.getLogger(__name__)
 
 
 class AotError(RuntimeError):
@@ -63,10 +75,18 @@ def _source_digest(module: str) -> str:
     return hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()[:16]
 
 
-def kernel_key(kind: str, config: KernelConfig, arch: str, dtype: str) -> str:
-    """The library's name: a digest of the kernel and of everything that built it."""
-    ident = [FORMAT, kind, config.to_dict(), arch, dtype, _versions(),
-             _source_digest("cutetune.tuner.quack_epilogues")]
+def build_environment() -> dict:
+    """What a kernel's object file depends on besides the kernel: the compiler's and the
+    runtime's package versions, the host machine, the epilogues' source."""
+    return {"versions": dict(_versions()), "machine": platform.machine(),
+            "epilogues": _source_digest("cutetune.tuner.quack_epilogues")}
+
+
+def kernel_key(spec: dict, environment: dict | None = None) -> str:
+    """The library's name: a digest of what the kernel is (``spec``, plain JSON: its kind,
+    config, arch, dtype) and of what built it (this environment, unless ``environment`` is
+    given: a package's manifest)."""
+    ident = [FORMAT, spec, environment if environment is not None else build_environment()]
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -80,8 +100,26 @@ def library_paths(key: str) -> tuple[Path, Path]:
     return library_dir() / f"{key}.so", library_dir() / f"{key}.json"
 
 
+def object_path(key: str) -> Path:
+    """quack's object file of the library, kept for ``write_package``."""
+    return library_dir() / f"{key}.o"
+
+
 def library_ready(key: str) -> bool:
     return library_paths(key)[1].exists()
+
+
+def ensure_library(key: str, package: Path = PACKAGE) -> bool:
+    """Whether the library ``key`` is built, linking it from the shipped object files when
+    they hold it (``install_packaged``); an install that fails is reported and not retried
+    here (the helper or quack builds the kernel instead)."""
+    if library_ready(key):
+        return True
+    try:
+        return install_packaged(key, package)
+    except AotError as e:
+        log.warning("cutetune: %s", e)
+        return False
 
 
 # ---------------------------------------------------------------- building (GPU-blind, quack)
@@ -122,14 +160,36 @@ def can_link() -> bool:
     return _compiler() is not None
 
 
+@lru_cache(maxsize=None)
+def runtime_libraries() -> tuple[str, ...]:
+    """cutlass's runtime library and libtvm_ffi, found from their packages' file lists
+    (importing cutlass to ask it would cost what the libraries save)."""
+    libs = []
+    for dist in _RUNTIME_DISTS:
+        try:
+            files = importlib.metadata.files(dist) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        found = [f for f in files if f.name == "libcute_dsl_runtime.so" and "stubs" not in f.parts]
+        if found:
+            libs.append(str(Path(found[0].locate()).resolve()))
+            break
+    try:
+        import tvm_ffi
+
+        libs.append(tvm_ffi.libinfo.find_libtvm_ffi())
+    except (ImportError, RuntimeError, OSError):
+        pass
+    if len(libs) != 2 or not all(Path(lib).exists() for lib in libs):
+        raise AotError(f"cutlass's runtime library and libtvm_ffi were not both found "
+                       f"(got {libs})")
+    return tuple(libs)
+
+
 def link(obj: Path, so: Path) -> None:
     """Link quack's object file into a shared library that finds cutlass's runtime and
     libtvm_ffi by absolute rpath (they are where this environment installed them)."""
-    from cutlass.runtime import find_runtime_libraries
-
-    libs = find_runtime_libraries(enable_tvm_ffi=True)
-    if len(libs) < 2:
-        raise AotError(f"cutlass's runtime libraries were not found (got {libs})")
+    libs = runtime_libraries()
     if not can_link():
         raise AotError("no C compiler (cc or gcc, or $CC) to link the kernel library")
     cmd = [_compiler(), "-shared", "-o", str(so), str(obj), *libs]
@@ -160,12 +220,70 @@ def build(key: str, make_plan) -> Path:
         if len(objs) != 1:
             raise AotError(f"expected one object file from quack's compile, found {len(objs)}")
         args = epi_plan_arguments(plan)
-        tmp_so = so.with_name(f".{so.name}.{os.getpid()}")
-        link(objs[0], tmp_so)
-        os.replace(tmp_so, so)
-    _write_atomic(meta, json.dumps({"format": FORMAT, "function": EXPORT_FUNC_NAME,
-                                    "library": so.name, **args}).encode())
+        _write_atomic(object_path(key), objs[0].read_bytes())
+    _install(key, json.dumps({"format": FORMAT, "function": EXPORT_FUNC_NAME,
+                              "library": so.name, **args}).encode())
     return meta
+
+
+def _install(key: str, meta: bytes) -> None:
+    """Link ``object_path(key)`` and write its launch arguments (last: the pair is complete)."""
+    so, meta_path = library_paths(key)
+    tmp_so = so.with_name(f".{so.name}.{os.getpid()}")
+    link(object_path(key), tmp_so)
+    os.replace(tmp_so, so)
+    _write_atomic(meta_path, meta)
+
+
+# ---------------------------------------------------------------- shipped object files
+def write_package(path: Path, specs: list[dict]) -> None:
+    """Put the built kernels of ``specs`` (object files and launch arguments) in the zip at
+    ``path``, beside what it holds from other environments (this one's are replaced); its
+    manifest lists each environment and each kernel's spec, from which its key follows."""
+    env = build_environment()
+    manifest, entries = {"format": FORMAT, "environments": [], "kernels": {}}, {}
+    if path.exists():
+        with zipfile.ZipFile(path) as z:
+            manifest = json.loads(z.read("manifest.json"))
+            entries = {n: z.read(n) for n in z.namelist() if n != "manifest.json"}
+    envs = [e for e in manifest["environments"] if e != env]
+    kernels = {}
+    for key, k in manifest["kernels"].items():
+        old = manifest["environments"][k["environment"]]
+        if old != env:
+            kernels[key] = {**k, "environment": envs.index(old)}
+    entries = {n: data for n, data in entries.items() if n.split(".")[0] in kernels}
+    envs.append(env)
+    for spec in specs:
+        key = kernel_key(spec)
+        kernels[key] = {"spec": spec, "environment": len(envs) - 1}
+        entries[f"{key}.o"] = object_path(key).read_bytes()
+        entries[f"{key}.json"] = library_paths(key)[1].read_bytes()
+    manifest = {"format": FORMAT, "environments": envs, "kernels": kernels}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+        z.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+        for name in sorted(entries):
+            z.writestr(name, entries[name])
+    os.replace(tmp, path)
+
+
+def install_packaged(key: str, package: Path = PACKAGE) -> bool:
+    """Link the package's object file for ``key`` into the library folder; False when the
+    package does not hold it (another environment's key, or an unshipped kernel)."""
+    if not package.exists():
+        return False
+    try:
+        with zipfile.ZipFile(package) as z:
+            if f"{key}.o" not in z.namelist():
+                return False
+            obj, meta = z.read(f"{key}.o"), z.read(f"{key}.json")
+    except (OSError, zipfile.BadZipFile, KeyError) as e:
+        raise AotError(f"the shipped kernels {package} are unreadable: {e}") from e
+    library_dir().mkdir(parents=True, exist_ok=True)
+    _write_atomic(object_path(key), obj)
+    _install(key, meta)
+    return True
 
 
 # ---------------------------------------------------------------- running (tvm_ffi only)

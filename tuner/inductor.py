@@ -546,7 +546,8 @@ def swiglu_fusion_pass(factory: ChoicesFactory, user_pass) -> SwigluFusionPass:
 
 def prepare_fused_kernel(problem: GemmProblem, config: KernelConfig) -> None:
     """Get a fused SwiGLU kernel ready while Inductor compiles: unless its TVM-FFI library is
-    built, the compile helper builds it (``swiglu.build_library``), so that this and later
+    built or linked from the kernels cutetune ships (``aot.ensure_library``), the compile
+    helper builds it (``swiglu.build_library``), so that this and later
     processes launch it without importing quack. The first launch waits for that build if
     the helper is past its imports (one compile to go); if it is not, the first launch
     compiles through quack here, which takes less time than the helper's start on the H200
@@ -556,7 +557,7 @@ def prepare_fused_kernel(problem: GemmProblem, config: KernelConfig) -> None:
     the GIL throughout and a thread hid none of it (data/bench/import_probe_h200.json)."""
     key = swiglu.library_key(config, problem.arch, launcher.TORCH_DTYPE_OF[problem.dtype],
                              (problem.a_major, problem.b_major))
-    if aot.library_ready(key):
+    if aot.ensure_library(key):
         return
     helper = shared_prefetcher(problem.arch)
     if helper.enabled and aot.can_link():

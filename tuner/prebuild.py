@@ -1,7 +1,9 @@
 """``cutetune prebuild``: build the TVM-FFI libraries (``aot.py``) of the fused SwiGLU kernels
 that a heuristics file's SwiGLU table names, without a GPU. The first compile on the GPU then
 launches them with no kernel compile and no quack import, which is the warm compile time from
-a cold start: for a deployment image built on a CPU, a CI job, or before a benchmark.
+a cold start: for a deployment image built on a CPU, a CI job, or before a benchmark. With
+``--package`` it also writes their object files as the zip that cutetune ships
+(``aot.PACKAGE``), which serves every environment like the one that built it.
 
 Unmeasured up projections fuse with configs the heuristics pick at compile time; those are
 built by the compile helper when first used, not here.
@@ -10,6 +12,7 @@ built by the compile helper when first used, not here.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from cutetune.space.problem import GemmProblem
 
@@ -31,8 +34,10 @@ def fused_kernels(h: Heuristics) -> dict:
     return out
 
 
-def prebuild(h: Heuristics, workers: int | None = None, timeout_s: float = 1800.0) -> dict:
-    """Build ``fused_kernels(h)`` in the compile helper's GPU-blind processes; a summary."""
+def prebuild(h: Heuristics, workers: int | None = None, timeout_s: float = 1800.0,
+             package: Path | None = None) -> dict:
+    """Build ``fused_kernels(h)`` in the compile helper's GPU-blind processes, and with
+    ``package`` write their object files there (``aot.write_package``); a summary."""
     kernels = fused_kernels(h)
     helper = KernelPrefetcher(h.arch, workers=workers)
     try:
@@ -41,8 +46,13 @@ def prebuild(h: Heuristics, workers: int | None = None, timeout_s: float = 1800.
         stats = helper.wait(timeout=timeout_s)
     finally:
         helper.close()
-    return {"kernels": len(kernels), "built": sum(aot.library_ready(k) for k in kernels),
-            **stats, "folder": str(aot.library_dir())}
+    built = sum(aot.library_ready(k) for k in kernels)
+    if package is not None and built == len(kernels):
+        aot.write_package(package, [
+            swiglu.library_spec(c, p.arch, TORCH_DTYPE_OF[p.dtype], (p.a_major, p.b_major))
+            for p, c in kernels.values()])
+    return {"kernels": len(kernels), "built": built, **stats, "folder": str(aot.library_dir()),
+            "package": str(package) if package is not None and built == len(kernels) else None}
 
 
 def register(sub) -> None:
@@ -51,11 +61,14 @@ def register(sub) -> None:
     p.add_argument("--heuristics", help="heuristics file (default: the packaged sm90 bf16 one)")
     p.add_argument("--workers", type=int, help="compile processes (default: cores - 1)")
     p.add_argument("--timeout-s", type=float, default=1800.0)
+    p.add_argument("--package", type=Path, metavar="ZIP",
+                   help=f"also write the kernels' object files there (cutetune ships "
+                        f"{aot.PACKAGE.name})")
     p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
     h = Heuristics.load(args.heuristics or default_path("sm90", "bf16"))
-    summary = prebuild(h, args.workers, args.timeout_s)
+    summary = prebuild(h, args.workers, args.timeout_s, args.package)
     print(json.dumps(summary))
     return 0 if summary["built"] == summary["kernels"] else 1

@@ -122,11 +122,19 @@ _builds: dict[str, Callable[[float], bool]] = {}
 BUILD_WAIT_S = 120.0  # the helper's imports plus one compile, with room for a slow host
 
 
-def library_key(config: KernelConfig, arch: str, dtype: torch.dtype, majors: tuple[str, str]
-                ) -> str:
-    """The fused kernel's TVM-FFI library name (``aot.kernel_key``) for A and B of these
-    majors (``GemmProblem.a_major``, ``b_major``): the compiled kernel is specific to them."""
-    return aot.kernel_key(f"swiglu-{majors[0]}{majors[1]}", config, arch, TORCH_DTYPES[dtype])
+def library_spec(config: KernelConfig, arch: str, dtype: torch.dtype,
+                 majors: tuple[str, str]) -> dict:
+    """What the fused kernel's TVM-FFI library is (``aot.kernel_key``'s spec), for A and B of
+    these majors (``GemmProblem.a_major``, ``b_major``): the compiled kernel is specific to
+    them."""
+    return {"kind": f"swiglu-{majors[0]}{majors[1]}", "config": config.to_dict(), "arch": arch,
+            "dtype": TORCH_DTYPES[dtype]}
+
+
+def library_key(config: KernelConfig, arch: str, dtype: torch.dtype,
+                majors: tuple[str, str]) -> str:
+    """The fused kernel's TVM-FFI library name."""
+    return aot.kernel_key(library_spec(config, arch, dtype, majors))
 
 
 def building(key: str, wait: Callable[[float], bool]) -> None:
@@ -170,8 +178,8 @@ def _library_runner(config: KernelConfig, arch: str, a, b):
     problem = gemm_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.dtype, arch)
     key = library_key(config, arch, a.dtype, (problem.a_major, problem.b_major))
     wait = _builds.get(key)
-    if not aot.library_ready(key) and not (wait is not None and wait(BUILD_WAIT_S)
-                                           and aot.library_ready(key)):
+    if not aot.ensure_library(key) and not (wait is not None and wait(BUILD_WAIT_S)
+                                            and aot.library_ready(key)):
         return None
     try:
         lib = aot.Library(key, a.device, config.cluster_m * config.cluster_n)
