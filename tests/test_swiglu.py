@@ -643,3 +643,23 @@ def test_prebuild_lists_the_shipped_tables_fused_kernels_once_each():
     assert {p.key() for p, _ in kernels.values()} <= set(fused)
     assert {c for _, c in kernels.values()} == {h.configs[i] for i in fused.values()}
     assert all(c.split_k == 1 for _, c in kernels.values())
+
+
+def test_a_missing_compiler_is_reported_and_costs_nothing(tmp_path, monkeypatch, caplog):
+    """A package whose object file cannot be linked (here: $CC names no program) leaves the
+    kernel unbuilt with a warning naming the command, and nothing half-written."""
+    import zipfile
+
+    from cutetune.tuner import aot
+
+    monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    package, key = tmp_path / "kernels.zip", "f" * 32
+    with zipfile.ZipFile(package, "w") as z:
+        z.writestr(f"{key}.o", b"an object file")
+        z.writestr(f"{key}.json", b"{}")
+    monkeypatch.setattr(aot, "runtime_libraries", lambda: ("/lib/a.so", "/lib/b.so"))
+    with caplog.at_level("WARNING"):
+        assert not aot.ensure_library(key, package)
+    assert "linking failed" in caplog.text and "no-such-cc" in caplog.text
+    assert not aot.library_ready(key) and not aot.library_paths(key)[0].exists()

@@ -111,8 +111,8 @@ def library_ready(key: str) -> bool:
 
 def ensure_library(key: str, package: Path = PACKAGE) -> bool:
     """Whether the library ``key`` is built, linking it from the shipped object files when
-    they hold it (``install_packaged``); an install that fails is reported and not retried
-    here (the helper or quack builds the kernel instead)."""
+    they hold it (``install_packaged``); an install that fails is reported, and the helper
+    or quack builds the kernel instead."""
     if library_ready(key):
         return True
     try:
@@ -194,7 +194,10 @@ def link(obj: Path, so: Path) -> None:
         raise AotError("no C compiler (cc or gcc, or $CC) to link the kernel library")
     cmd = [_compiler(), "-shared", "-o", str(so), str(obj), *libs]
     cmd += [f"-Wl,-rpath,{d}" for d in sorted({str(Path(p).parent) for p in libs})]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+        raise AotError(f"linking failed: {' '.join(cmd)}: {e}") from e
     if proc.returncode:
         raise AotError(f"linking failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
 
