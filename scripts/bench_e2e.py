@@ -8,9 +8,10 @@ predicted and cutetune reduced. Every measurement runs in a fresh process with a
 Inductor cache (TORCHINDUCTOR_CACHE_DIR); cutetune modes run twice, with empty kernel caches
 (cold: QUACK_CACHE_DIR, CUTE_DSL_CACHE_DIR, CUTETUNE_CACHE, where cutetune keeps the fused
 kernels' TVM-FFI libraries, and CUTETUNE_TEMPLATE_CACHE_DIR, where it keeps the Triton template
-kernels it chose) and with those caches as the cold run left them (warm). Reported per workload: compile wall time (from ``enable()`` to the first call's
-result, so it includes quack's import when the process's first quack kernel is launched then,
-and the start of reduced mode's compile workers), steady-state time per call (CUDA events,
+kernels it chose) and with those caches as the cold run left them (warm). Reported per
+workload: compile wall time (from ``enable()`` to the first call's result, so it includes
+quack's import when the process's first quack kernel is launched then, and the start of
+reduced mode's compile workers), steady-state time per call (CUDA events,
 median of repeats), relative error against eager, and which kernels the GEMMs got. Also the
 host overhead of one tiny GEMM launch: torch.mm vs cutetune's launcher.
 

@@ -245,28 +245,23 @@ def import_quack() -> None:
     _quack()
 
 
-def in_background(load, name: str) -> threading.Thread:
-    """Run ``load()`` (an import of quack's modules) in a daemon thread, for a compile that
-    has just chosen a quack kernel: the import then overlaps the rest of the compile wherever
-    that releases the GIL (Triton compile workers, disk, the GPU) instead of all landing on the
-    first launch. A failure is logged; the first launch retries the import and raises there."""
+@lru_cache(maxsize=None)
+def import_quack_in_background() -> threading.Thread:
+    """Start importing quack in a daemon thread (once per process), for a compile that has
+    just chosen a quack kernel: the import then overlaps the rest of the compile wherever that
+    releases the GIL (Triton compile workers, disk, the GPU) instead of all landing on the
+    first launch. A failed import is logged; the first launch retries it and raises there."""
 
     def run():
         try:
-            load()
+            _quack()
         except Exception as e:  # noqa: BLE001
-            log.warning("cutetune: background import for %s failed (%s: %s)", name,
+            log.warning("cutetune: background import for quack failed (%s: %s)",
                         type(e).__name__, e)
 
-    thread = threading.Thread(target=run, name=f"cutetune-import-{name}", daemon=True)
+    thread = threading.Thread(target=run, name="cutetune-import-quack", daemon=True)
     thread.start()
     return thread
-
-
-@lru_cache(maxsize=None)
-def import_quack_in_background() -> threading.Thread:
-    """``in_background`` for quack's GEMM entry point, once per process."""
-    return in_background(_quack, "quack")
 
 
 def _launch(plan: _Plan, a, b, out, c, alpha, beta) -> None:
