@@ -12,8 +12,9 @@ kernels it chose) and with those caches as the cold run left them (warm). Report
 workload: compile wall time (from ``enable()`` to the first call's result, so it includes
 quack's import when the process's first quack kernel is launched then, and the start of
 reduced mode's compile workers), steady-state time per call (CUDA events,
-median of repeats), relative error against eager, and which kernels the GEMMs got. Also the
-host overhead of one tiny GEMM launch: torch.mm vs cutetune's launcher.
+median of repeats), relative error against eager (of the first call, and of a call after the
+timing: a fused kernel may take over from ATen in between), and which kernels the GEMMs got.
+Also the host overhead of one tiny GEMM launch: torch.mm vs cutetune's launcher.
 
   python scripts/bench_e2e.py --out data/bench/e2e_h200.json [--quick] [--heuristics H.json]
   python scripts/bench_e2e.py --cpu-only   # heuristics load/lookup timing, no GPU
@@ -233,8 +234,11 @@ def worker(spec: dict) -> dict:
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
             prefetched = _prefetch_stats(wait=False)
+            t0 = time.perf_counter()
             _prefetch_stats(wait=True)  # steady state: no background compile left running
+            helper_wait_s = time.perf_counter() - t0
             step = _time_calls(torch, compiled, x, spec["repeats"])
+            steady = compiled(x)
             eager = _time_calls(torch, module, x, spec["repeats"])
         results[name] = {"compile_s": compile_s, "step_ms": step["median"],
                          "step_ms_p20": step["p20"], "step_ms_p80": step["p80"],
@@ -242,15 +246,31 @@ def worker(spec: dict) -> dict:
                          "step_host_ms": step["host"], "eager_host_ms": eager["host"],
                          "step_cpu": step["cpu"], "launcher_log": log_times.events,
                          "rel_err": _rel_err(torch, out, ref),
+                         "rel_err_steady": _rel_err(torch, steady, ref),
+                         "fused_via": _fused_via(),
                          "kernels": _kernel_counts("\n".join(code)),
                          "quack_imported": not quack_before and "quack" in sys.modules,
-                         "prefetched": prefetched, "template_kernels_cached": _templates_cached()}
+                         "prefetched": prefetched, "helper_wait_s": helper_wait_s,
+                         "template_kernels_cached": _templates_cached()}
         if spec.get("save_code"):
             fname = f"m{spec['m']}_{mode}_{spec.get('kernel_cache') or 'none'}_{name}.py"
             Path(spec["save_code"], fname).write_text("\n\n# ----\n".join(code))
         del module, compiled
         torch.cuda.empty_cache()
     return {"workloads": results, "process_s": time.perf_counter() - t_start}
+
+
+def _fused_via() -> list | None:
+    """What the fused SwiGLU calls ran through once timed (``swiglu.launched_via``: "library",
+    "quack"; None for ATen), or None outside cutetune's modes. The first call may have run
+    ATen while the compile helper built the kernel."""
+    if "cutetune.tuner.swiglu" not in sys.modules:
+        return None
+    from cutetune.tuner import swiglu
+
+    vias = sorted({str(p.via) for p in swiglu._plans.values()})
+    swiglu._plans.clear()  # the next workload's calls start afresh
+    return vias
 
 
 def _templates_cached() -> int | None:
@@ -337,10 +357,12 @@ def _run_worker(spec: dict, env: dict, timeout: float) -> dict:
     return {"status": "ok", "wall_s": wall, **json.loads(lines[-1])}
 
 
-def _env(inductor_dir: Path, kernel_dir: Path | None) -> dict:
+def _env(inductor_dir: Path, kernel_dir: Path | None, prebuilt: bool = True) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TORCHINDUCTOR_", "CUTETUNE_"))
            and k not in ("TRITON_CACHE_DIR", "TRITON_CACHE_MANAGER")}
+    if not prebuilt:
+        env["CUTETUNE_FUSED_KERNELS"] = ""  # a cold cache then builds every fused kernel
     env.update(TORCHINDUCTOR_CACHE_DIR=str(inductor_dir), PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
     if kernel_dir is not None:
@@ -367,7 +389,8 @@ def run_gpu(args) -> dict:
                     "modes": list(args.modes), "warm_for": list(args.warm_for),
                     "repeats": repeats, "budget_s": args.budget_s,
                     "heuristics": args.heuristics or "packaged", "heuristics_digest": digest,
-                    "top_k": args.top_k, "started": time.time()},
+                    "top_k": args.top_k, "prebuilt_kernels": not args.no_prebuilt_kernels,
+                    "started": time.time()},
            "runs": []}
     seen_s: dict[str, float] = {}
 
@@ -402,7 +425,8 @@ def run_gpu(args) -> dict:
                                 "kernel_cache": cache, "save_code": args.save_code}
                         inductor_dir = Path(tempfile.mkdtemp(dir=tmp, prefix="inductor_"))
                         run.update(_run_worker(spec, _env(inductor_dir,
-                                                          kernel_dir if cache else None),
+                                                          kernel_dir if cache else None,
+                                                          not args.no_prebuilt_kernels),
                                                timeout=left()))
                         seen_s[kind] = max(seen_s.get(kind, 0.0), run["wall_s"])
                         shutil.rmtree(inductor_dir, ignore_errors=True)
@@ -699,6 +723,9 @@ def main(argv=None) -> int:
                     help="write the code Inductor generated for each run into DIR")
     ap.add_argument("--skip-overhead", action="store_true",
                     help="leave out the tiny-GEMM launch overhead (measured by another part)")
+    ap.add_argument("--no-prebuilt-kernels", action="store_true",
+                    help="link no prebuilt fused kernels (CUTETUNE_FUSED_KERNELS empty): the "
+                         "cold runs build them as a user's unshipped kernels would be")
     ap.add_argument("--warm-for", nargs="*", default=["predicted", "reduced"],
                     choices=("predicted", "reduced"),
                     help="cutetune modes also compiled with the kernel cache warm")

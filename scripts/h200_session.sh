@@ -85,6 +85,14 @@
 #   aot4  (after cutetune shipped the fused kernels' object files) this environment's added to
 #      cutetune/data/fused_kernels.zip (`cutetune prebuild --package`, the zip brought back),
 #      then aot2's compile times: a cold cache now links the shipped kernels
+#   tiered  (after a fused kernel's calls run ATen while the compile helper builds its library,
+#      instead of compiling through quack in the process) the fused kernel's GPU tests of the
+#      library path and predicted mode, then compile times of default and predicted at M 4096
+#      8192 with no prebuilt kernels (a cold cache builds them), twice
+#   tiered_steps  every mode's MLP steps in one process at M 2048 4096 8192, reduced mode with
+#      them (the fused kernels linked from the shipped objects)
+#   tiered_reduced  compile times of max-autotune and reduced at M 4096 8192 with no prebuilt
+#      kernels, reduced with cold and warm caches
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -349,6 +357,18 @@ fx_graph_cache" -q -p no:cacheprovider 2>&1 | tail -n 4 | tee "$E2E/gpu_tests_$C
   aot_steps)
     python -m cutetune prebuild 2>&1 | tail -n 1 | tee "$E2E/prebuild.log"
     mlp_steps aot 20 5 "default max-autotune predicted" 2048 4096 8192 ;;
+  tiered)
+    timeout 240 python -m pytest -m gpu tests/test_swiglu.py -k "library or predicted_mode or \
+fx_graph_cache" -q -p no:cacheprovider 2>&1 | tail -n 4 | tee "$E2E/gpu_tests_$CALL.log"
+    for rep in 1 2; do
+      bench "part_tiered_$rep" --ms 4096 8192 --modes default predicted --warm-for predicted \
+        --skip-overhead --no-prebuilt-kernels --budget-s "$(left $(( rep == 1 ? 160 : 10 )))"
+    done ;;
+  tiered_steps)
+    mlp_steps tiered 20 5 "default max-autotune predicted reduced" 2048 4096 8192 ;;
+  tiered_reduced)
+    bench part_tiered_reduced --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
+      --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
   tune)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \
       -k "gpu_cli or host_bound" -q -s -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.log" ;;

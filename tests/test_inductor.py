@@ -955,7 +955,8 @@ def test_prefetcher_builds_fused_kernel_libraries_without_a_gpu(tmp_path, monkey
     try:
         key = pf.submit_swiglu(up, config)
         assert pf.submit_swiglu(up, config) == key and pf.stats()["submitted"] == 1
-        assert pf.wait(timeout=300)["done"] == 1 and pf.ready
+        assert pf.build_state(key) in ("pending", "done")
+        assert pf.wait(timeout=300)["done"] == 1 and pf.build_state(key) == "done"
         assert pf.wait_for([key], timeout=0) and aot.library_ready(key)
         assert key == swiglu.library_key(config, "sm90", BF16, ("k", "k"))
     finally:
@@ -966,22 +967,22 @@ def test_prefetcher_builds_fused_kernel_libraries_without_a_gpu(tmp_path, monkey
 
 def test_fused_kernels_are_built_by_the_helper_when_they_can_be(monkeypatch, tmp_path):
     """What a fusion starts: nothing when the kernel's library is built; else a build by the
-    compile helper, which the first launch waits for only once the helper is past its imports
-    (before that, compiling in this process is sooner); nothing without a C compiler."""
+    compile helper, whose state the first launches read without waiting; nothing without a C
+    compiler."""
     from cutetune.tuner import aot, swiglu
 
     class Helper:
-        enabled, ready = True, False
+        enabled = True
 
         def __init__(self):
-            self.sent = []
+            self.sent, self.states = [], {"k1": "pending"}
 
         def submit_swiglu(self, problem, config):
             self.sent.append((problem, config))
             return "k1"
 
-        def wait_for(self, keys, timeout):
-            return keys == ["k1"]
+        def build_state(self, key):
+            return self.states[key]
 
     helper = Helper()
     monkeypatch.setattr(ci, "shared_prefetcher", lambda arch: helper)
@@ -990,9 +991,9 @@ def test_fused_kernels_are_built_by_the_helper_when_they_can_be(monkeypatch, tmp
     up = GemmProblem(2048, 14336, 4096, b_major="k")
     ci.prepare_fused_kernel(up, PLAIN_SWIGLU)
     assert helper.sent == [(up, PLAIN_SWIGLU)]
-    assert not swiglu._builds["k1"](1.0)  # still importing: no wait
-    helper.ready = True
-    assert swiglu._builds["k1"](1.0)
+    assert swiglu._builds["k1"]() == "pending"
+    helper.states["k1"] = "done"
+    assert swiglu._builds["k1"]() == "done"
     swiglu._builds.clear()
     monkeypatch.setattr(aot, "can_link", lambda: False)
     ci.prepare_fused_kernel(up, PLAIN_SWIGLU)

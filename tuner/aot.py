@@ -18,6 +18,7 @@ missing or failing here leaves the caller on quack's own path.
 cutetune ships the object files of its heuristics' fused kernels (``PACKAGE``, written by
 ``cutetune prebuild --package``): where the environment matches the one they were built in,
 the first use links one (milliseconds) instead of compiling it (seconds, and quack's import).
+``CUTETUNE_FUSED_KERNELS`` names another such zip (a deployment's own prebuild), or none.
 """
 
 from __future__ import annotations
@@ -109,14 +110,29 @@ def library_ready(key: str) -> bool:
     return library_paths(key)[1].exists()
 
 
-def ensure_library(key: str, package: Path = PACKAGE) -> bool:
-    """Whether the library ``key`` is built, linking it from the shipped object files when
-    they hold it (``install_packaged``); an install that fails is reported, and the helper
-    or quack builds the kernel instead."""
+def packaged_kernels() -> Path | None:
+    """The zip of prebuilt kernel objects that first uses link from: the one
+    ``CUTETUNE_FUSED_KERNELS`` names (empty: none), else the shipped ``PACKAGE``."""
+    named = os.environ.get("CUTETUNE_FUSED_KERNELS")
+    if named is None:
+        return PACKAGE
+    if not named.strip():
+        return None
+    if not Path(named).is_file():
+        raise AotError(f"CUTETUNE_FUSED_KERNELS={named!r} is not a file (a zip written by "
+                       "`cutetune prebuild --package`; empty for none)")
+    return Path(named)
+
+
+def ensure_library(key: str, package: Path | None = None) -> bool:
+    """Whether the library ``key`` is built, linking it from prebuilt object files when they
+    hold it (``install_packaged``; ``package``, else ``packaged_kernels()``); an install that
+    fails is reported, and the helper or quack builds the kernel instead."""
     if library_ready(key):
         return True
     try:
-        return install_packaged(key, package)
+        package = package or packaged_kernels()
+        return package is not None and install_packaged(key, package)
     except AotError as e:
         log.warning("cutetune: %s", e)
         return False

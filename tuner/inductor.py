@@ -546,14 +546,13 @@ def swiglu_fusion_pass(factory: ChoicesFactory, user_pass) -> SwigluFusionPass:
 
 def prepare_fused_kernel(problem: GemmProblem, config: KernelConfig) -> None:
     """Get a fused SwiGLU kernel ready while Inductor compiles: unless its TVM-FFI library is
-    built or linked from the kernels cutetune ships (``aot.ensure_library``), the compile
-    helper builds it (``swiglu.build_library``), so that this and later
-    processes launch it without importing quack. The first launch waits for that build if
-    the helper is past its imports (one compile to go); if it is not, the first launch
-    compiles through quack here, which takes less time than the helper's start on the H200
-    host (data/bench/e2e_h200_1gpu_aot.json), and the helper's library serves later processes.
-    Without a C compiler to link with, or with quack's disk cache off, the first launch
-    compiles here. No import runs in a thread meanwhile: on the H200 host quack's import holds
+    built or linked from prebuilt kernel objects (``aot.ensure_library``), the compile helper
+    builds it (``swiglu.build_library``), and calls run ATen, unfused, until it is built,
+    then launch it without importing quack (in later processes too). Nothing waits: the
+    helper's start alone took longer than compiling through quack in the process on the H200
+    host, which cost the compile 3.7-6.2 s (data/bench/e2e_h200_1gpu_aot*.json). Without a C
+    compiler to link with, or with quack's disk cache off, the first launch compiles through
+    quack here. No import runs in a thread meanwhile: on the H200 host quack's import holds
     the GIL throughout and a thread hid none of it (data/bench/import_probe_h200.json)."""
     key = swiglu.library_key(config, problem.arch, launcher.TORCH_DTYPE_OF[problem.dtype],
                              (problem.a_major, problem.b_major))
@@ -562,7 +561,7 @@ def prepare_fused_kernel(problem: GemmProblem, config: KernelConfig) -> None:
     helper = shared_prefetcher(problem.arch)
     if helper.enabled and aot.can_link():
         key = helper.submit_swiglu(problem, config)
-        swiglu.building(key, lambda timeout: helper.ready and helper.wait_for([key], timeout))
+        swiglu.building(key, lambda: helper.build_state(key))
 
 
 # ---------------------------------------------------------------- feedback

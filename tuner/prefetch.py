@@ -69,7 +69,6 @@ class KernelPrefetcher:
         self._paths: dict = {}  # key -> the file that marks it built, once asked for
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
-        self.ready = False  # the helper's imports are done: a kernel now takes one compile
 
     def start(self) -> None:
         """Start the helper now (it imports quack in the background)."""
@@ -87,9 +86,6 @@ class KernelPrefetcher:
     def _read(self, stream) -> None:
         for line in stream:
             status, _, rest = line.rstrip("\n").partition(" ")
-            if status == "ready":
-                self.ready = True
-                continue
             idx, _, detail = rest.partition(" ")
             with self._lock:
                 key = self._ids[int(idx)]
@@ -146,6 +142,13 @@ class KernelPrefetcher:
         return {"submitted": len(states), "done": states.count("done"),
                 "cached": states.count("cached"),
                 "failed": sum(s.startswith("failed") for s in states)}
+
+    def build_state(self, key) -> str:
+        """A kernel's build, without waiting: "pending", "done" (also when the helper found
+        it built, or it was built before it could be queued) or "failed: why"."""
+        with self._lock:
+            state = self.state.get(key, "done")
+        return "done" if state == "cached" else state
 
     def wait(self, timeout: float | None = None) -> dict:
         """Block until the helper has reported every submitted kernel (tests, benchmarks)."""
@@ -205,7 +208,7 @@ def _job(arch: str, kind: str, *payload):
 
 
 def serve(arch: str, workers: int) -> None:
-    """Print ``ready`` once quack is imported, then read ``[id, kind, ...]`` job lines
+    """Import quack, then read ``[id, kind, ...]`` job lines
     (``gemm``: a kernel into quack's disk cache; ``swiglu``: a fused kernel's TVM-FFI
     library); print ``cached ID`` for one built already,
     else build it in a child forked from this process, at most ``workers`` at a time, and
@@ -216,7 +219,6 @@ def serve(arch: str, workers: int) -> None:
     import quack.gemm  # noqa: F401  (what every child would import: once, here)
     import cutetune.tuner.quack_epilogues  # noqa: F401
 
-    print("ready", flush=True)
     queue: list[list] = []
     running: dict[int, int] = {}  # pid -> id
     buf, open_input = b"", True

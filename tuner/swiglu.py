@@ -12,7 +12,8 @@ is ``fusion_pass.py``.
 The custom op ``cutetune::mm_silu_mul`` is what a rewritten graph calls; Inductor lowers it as
 a fallback kernel, so generated code (also reloaded from the FX-graph cache) calls it by name
 once cutetune is imported. It launches the kernel from its TVM-FFI library (``aot.py``,
-``build_library``) where one is built, without importing quack, and through quack otherwise.
+``build_library``) where one is built, without importing quack; runs ATen, unfused, while the
+compile helper builds it; and goes through quack otherwise.
 """
 
 from __future__ import annotations
@@ -102,24 +103,26 @@ def measured_fusions(bench: dict, arch: str, dtype: str) -> dict[str, KernelConf
 
 # ---------------------------------------------------------------- run time
 class _Plan:
-    """What one metadata key resolved to: its config (None: ATen) and, after the first launch,
-    ``run(a, b, gate, out)`` and what it runs through (``via``): the kernel's TVM-FFI library
-    (``aot.py``) or quack's plan."""
+    """What one metadata key resolved to: its config (None: ATen), its TVM-FFI library's key
+    (``library_key``) and, after the first launch, ``run(a, b, gate, out)`` and what it runs
+    through (``via``): that library (``aot.py``) or quack's plan."""
 
-    __slots__ = ("config", "run", "via")
+    __slots__ = ("config", "library", "run", "via", "deferred")
 
-    def __init__(self, config: KernelConfig | None) -> None:
-        self.config = config
+    def __init__(self, config: KernelConfig | None, library: str | None = None) -> None:
+        self.config, self.library = config, library
         self.run = self.via = None
+        self.deferred = False  # calls ran ATen while the compile helper built the library
 
 
 _ATEN = _Plan(None)
 _plans: dict[tuple, _Plan] = {}
-# Library builds under way (``aot.kernel_key`` -> ``wait(timeout_s) -> bool``), registered by
-# whoever started them (Inductor's compile helper): a first launch waits for its own kernel's
-# where ``wait`` says it is worth it, and otherwise compiles through quack here.
-_builds: dict[str, Callable[[float], bool]] = {}
-BUILD_WAIT_S = 120.0  # the helper's imports plus one compile, with room for a slow host
+# Library builds under way: ``aot.kernel_key`` -> its state ("pending", "done" or
+# "failed: why"), registered by whoever started them (Inductor's compile helper). While a
+# call's build is pending the call runs ATen, unfused, and the next call looks again: the
+# model never waits for a compile (the helper's start alone took longer than compiling in the
+# process on the H200 host, data/bench/e2e_h200_1gpu_aot.json).
+_builds: dict[str, Callable[[], str]] = {}
 
 
 def library_spec(config: KernelConfig, arch: str, dtype: torch.dtype,
@@ -137,31 +140,35 @@ def library_key(config: KernelConfig, arch: str, dtype: torch.dtype,
     return aot.kernel_key(library_spec(config, arch, dtype, majors))
 
 
-def building(key: str, wait: Callable[[float], bool]) -> None:
-    """Record that the library ``key`` is being built; ``wait(timeout_s)`` blocks until the
-    build is over (True), or returns False at once where waiting would take longer than
-    compiling here or once the timeout passed."""
-    _builds[key] = wait
+def building(key: str, state: Callable[[], str]) -> None:
+    """Record that the library ``key`` is being built; ``state()`` says how that stands
+    ("pending", "done" or "failed: why") without waiting."""
+    _builds[key] = state
+
+
+def _fused_problem(a, b, gate, out, config: KernelConfig) -> GemmProblem:
+    """The up projection's GEMM problem; ProblemError where the fused kernel cannot run it."""
+    arch = device_arch(a.device)
+    if any(t.device != a.device for t in (b, gate, out)):
+        raise ProblemError("operands are on different devices")
+    if a.dim() != 2:
+        raise ProblemError("the fused SwiGLU GEMM is for 2D operands only")
+    problem = gemm_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype, out.dtype, arch)
+    for name, t in (("out", out), ("gate", gate)):
+        if tuple(t.shape) != (problem.m, problem.n) or t.dtype != out.dtype:
+            raise ProblemError(f"{name} is {tuple(t.shape)} {t.dtype}, expected "
+                               f"{(problem.m, problem.n)} {out.dtype}")
+        check_out(t.shape, t.stride(), t.dtype)
+    if config.split_k != 1:
+        raise ProblemError("split-K would apply silu to partial sums")
+    check_config(config, arch, problem)
+    return problem
 
 
 def unsupported_reason(a, b, gate, out, config) -> str | None:
     """Why the fused kernel cannot run this call (from metadata), or None when it can."""
-    config = as_config(config)
-    arch = device_arch(a.device)
     try:
-        if any(t.device != a.device for t in (b, gate, out)):
-            raise ProblemError("operands are on different devices")
-        if a.dim() != 2:
-            raise ProblemError("the fused SwiGLU GEMM is for 2D operands only")
-        problem = gemm_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype, out.dtype, arch)
-        for name, t in (("out", out), ("gate", gate)):
-            if tuple(t.shape) != (problem.m, problem.n) or t.dtype != out.dtype:
-                raise ProblemError(f"{name} is {tuple(t.shape)} {t.dtype}, expected "
-                                   f"{(problem.m, problem.n)} {out.dtype}")
-            check_out(t.shape, t.stride(), t.dtype)
-        if config.split_k != 1:
-            raise ProblemError("split-K would apply silu to partial sums")
-        check_config(config, arch, problem)
+        _fused_problem(a, b, gate, out, as_config(config))
     except ProblemError as e:
         return str(e)
     return None
@@ -172,17 +179,28 @@ def _aten(a, b, gate, out):
     return out.mul_(F.silu(gate))
 
 
-def _library_runner(config: KernelConfig, arch: str, a, b):
-    """``run`` through the kernel's TVM-FFI library when it is built or being built (waiting
-    for that), else None."""
-    problem = gemm_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.dtype, arch)
-    key = library_key(config, arch, a.dtype, (problem.a_major, problem.b_major))
-    wait = _builds.get(key)
-    if not aot.ensure_library(key) and not (wait is not None and wait(BUILD_WAIT_S)
-                                            and aot.library_ready(key)):
+def _build_pending(plan: _Plan, device: torch.device) -> bool:
+    """Whether the compile helper is still building ``plan``'s library (or the stream is
+    being captured into a CUDA graph, where no library is loaded): the call then runs ATen.
+    The first such call says so."""
+    state = _builds.get(plan.library)
+    if state is None or (state() != "pending" and not (
+            device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
+        return False
+    if not plan.deferred:
+        plan.deferred = True
+        log.info("cutetune: fused SwiGLU %s runs ATen until the compile helper has built its "
+                 "library", plan.config.short())
+    return True
+
+
+def _library_runner(config: KernelConfig, key: str, device):
+    """``run`` through the kernel's TVM-FFI library ``key`` when it is built (or linked from
+    prebuilt objects), else None."""
+    if not aot.ensure_library(key):
         return None
     try:
-        lib = aot.Library(key, a.device, config.cluster_m * config.cluster_n)
+        lib = aot.Library(key, device, config.cluster_m * config.cluster_n)
     except aot.AotError as e:
         log.warning("cutetune: the fused kernel's library did not load (%s); using quack", e)
         return None
@@ -201,8 +219,9 @@ def _quack_runner(config: KernelConfig, a, b, gate, out):
 
 def _first_launch(plan: _Plan, a, b, gate, out) -> None:
     """Launch from the kernel's library if it loads and runs, else through quack (a failure
-    there too reaches ``launch_first``, which retires the call to ATen)."""
-    run = _library_runner(plan.config, device_arch(a.device), a, b)
+    there too reaches ``launch_first``, which retires the call to ATen): the helper's build
+    failed, or it had none to do (no C compiler, quack's disk cache off)."""
+    run = _library_runner(plan.config, plan.library, a.device)
     if run is not None:
         try:
             run(a, b, gate, out)
@@ -266,22 +285,29 @@ def quack_mm_silu_mul_out(a: torch.Tensor, b: torch.Tensor, gate: torch.Tensor,
                           out: torch.Tensor, config) -> torch.Tensor:
     """``out = silu(gate) * (a @ b)`` with quack's fused kernel for ``config`` (a
     KernelConfig or its field tuple), from its TVM-FFI library where one is built (no quack
-    import), else through quack. Anything the kernel cannot take (see ``unsupported_reason``,
-    or an unaligned base pointer) runs ATen instead, and a config whose first launch fails is
-    retired to ATen for that metadata with a warning."""
+    import), with ATen while the compile helper builds it, else through quack. Anything the
+    kernel cannot take (see ``unsupported_reason``, or an unaligned base pointer) runs ATen
+    instead, and a config whose first launch fails is retired to ATen for that metadata with
+    a warning."""
     key = _key(a, b, gate, out, config)
     plan = _plans.get(key)
     if plan is None:
-        reason = unsupported_reason(a, b, gate, out, config)
-        if reason is not None:
+        config = as_config(config)
+        try:
+            p = _fused_problem(a, b, gate, out, config)
+            plan = _Plan(config, library_key(config, p.arch, a.dtype, (p.a_major, p.b_major)))
+        except ProblemError as e:
             log.info("cutetune: ATen for silu(gate) * %s @ %s (%s)", tuple(a.shape),
-                     tuple(b.shape), reason)
-        plan = _plans[key] = _ATEN if reason else _Plan(as_config(config))
+                     tuple(b.shape), e)
+            plan = _ATEN
+        _plans[key] = plan
     if plan.config is None or out.numel() == 0 or not _aligned(a, b, gate, out):
         return _aten(a, b, gate, out)
     if plan.run is not None:
         plan.run(a, b, gate, out)
         return out
+    if _build_pending(plan, a.device):
+        return _aten(a, b, gate, out)
     if not launch_first(lambda: _first_launch(plan, a, b, gate, out),
                         f"fused SwiGLU config {plan.config.short()} on {tuple(a.shape)} @ "
                         f"{tuple(b.shape)}"):
