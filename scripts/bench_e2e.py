@@ -284,13 +284,14 @@ def _templates_cached() -> int | None:
 
 
 def _prefetch_stats(wait: bool) -> dict | None:
-    """Kernels reduced mode sent to its compile workers so far in this process, by state;
-    with ``wait``, once none is pending."""
+    """Kernels the compile helper was sent so far in this process, by state, with its
+    timeline (``KernelPrefetcher.timeline``); with ``wait``, once none is pending."""
     if "cutetune.tuner.inductor" not in sys.modules:
         return None
     from cutetune.tuner.inductor import _PREFETCHERS
 
-    return {arch: pf.wait(timeout=300) if wait else pf.stats()
+    return {arch: {**(pf.wait(timeout=300) if wait else pf.stats()),
+                   "timeline": list(pf.timeline)}
             for arch, pf in _PREFETCHERS.items()} or None
 
 

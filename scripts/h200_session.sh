@@ -93,6 +93,8 @@
 #      them (the fused kernels linked from the shipped objects)
 #   tiered_reduced  compile times of max-autotune and reduced at M 4096 8192 with no prebuilt
 #      kernels, reduced with cold and warm caches
+#   timeline  (after the compile helper reported its imports and each job's start) predicted and
+#      reduced at M=4096, cold, with no prebuilt kernels: where the helper's time goes
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -369,6 +371,9 @@ fx_graph_cache" -q -p no:cacheprovider 2>&1 | tail -n 4 | tee "$E2E/gpu_tests_$C
   tiered_reduced)
     bench part_tiered_reduced --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
+  timeline)
+    bench part_timeline --ms 4096 --modes predicted reduced --warm-for --skip-overhead \
+      --no-prebuilt-kernels --budget-s "$(left 10)" ;;
   tune)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \
       -k "gpu_cli or host_bound" -q -s -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.log" ;;

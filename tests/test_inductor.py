@@ -957,6 +957,8 @@ def test_prefetcher_builds_fused_kernel_libraries_without_a_gpu(tmp_path, monkey
         assert pf.submit_swiglu(up, config) == key and pf.stats()["submitted"] == 1
         assert pf.build_state(key) in ("pending", "done")
         assert pf.wait(timeout=300)["done"] == 1 and pf.build_state(key) == "done"
+        assert [e for _, e in pf.timeline] == ["imported", "started 0", "done 0"]
+        assert sorted(pf.timeline) == pf.timeline
         assert pf.wait_for([key], timeout=0) and aot.library_ready(key)
         assert key == swiglu.library_key(config, "sm90", BF16, ("k", "k"))
     finally:

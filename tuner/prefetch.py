@@ -69,11 +69,15 @@ class KernelPrefetcher:
         self._paths: dict = {}  # key -> the file that marks it built, once asked for
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
+        # (seconds since start, "imported" | "started ID" | "done ID" | ...): where a wait goes
+        self.timeline: list[tuple[float, str]] = []
+        self._t0 = 0.0
 
     def start(self) -> None:
         """Start the helper now (it imports quack in the background)."""
         if not self.enabled or self._proc is not None:
             return
+        self._t0 = time.monotonic()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if self.cache_dir:
             env["QUACK_CACHE_DIR"] = self.cache_dir
@@ -86,6 +90,9 @@ class KernelPrefetcher:
     def _read(self, stream) -> None:
         for line in stream:
             status, _, rest = line.rstrip("\n").partition(" ")
+            self.timeline.append((round(time.monotonic() - self._t0, 3), f"{status} {rest}".strip()[:80]))
+            if status in ("imported", "started"):
+                continue
             idx, _, detail = rest.partition(" ")
             with self._lock:
                 key = self._ids[int(idx)]
@@ -208,17 +215,18 @@ def _job(arch: str, kind: str, *payload):
 
 
 def serve(arch: str, workers: int) -> None:
-    """Import quack, then read ``[id, kind, ...]`` job lines
+    """Import quack (then print ``imported``), then read ``[id, kind, ...]`` job lines
     (``gemm``: a kernel into quack's disk cache; ``swiglu``: a fused kernel's TVM-FFI
     library); print ``cached ID`` for one built already,
-    else build it in a child forked from this process, at most ``workers`` at a time, and
-    print ``done ID`` or ``failed ID why`` as each ends. Exits after its input closes and its
+    else build it in a child forked from this process, at most ``workers`` at a time (printing
+    ``started ID``), and print ``done ID`` or ``failed ID why`` as each ends. Exits after its input closes and its
     children end. SIGTERM: children finish their kernel (a kernel is written whole or not at
     all), queued ones are dropped."""
     configure_gpu_blind(arch, os.environ.get("QUACK_CACHE_DIR"))
     import quack.gemm  # noqa: F401  (what every child would import: once, here)
     import cutetune.tuner.quack_epilogues  # noqa: F401
 
+    print("imported", flush=True)
     queue: list[list] = []
     running: dict[int, int] = {}  # pid -> id
     buf, open_input = b"", True
@@ -229,6 +237,7 @@ def serve(arch: str, workers: int) -> None:
             if cached:
                 print(f"cached {idx}", flush=True)
                 continue
+            print(f"started {idx}", flush=True)
             pid = os.fork()
             if pid == 0:
                 code = 0
