@@ -547,8 +547,9 @@ def swiglu_fusion_pass(factory: ChoicesFactory, user_pass) -> SwigluFusionPass:
 def prepare_fused_kernel(problem: GemmProblem, config: KernelConfig) -> None:
     """Get a fused SwiGLU kernel ready while Inductor compiles: unless its TVM-FFI library is
     built or linked from prebuilt kernel objects (``aot.ensure_library``), the compile helper
-    builds it (``swiglu.build_library``), and calls run ATen, unfused, until it is built,
-    then launch it without importing quack (in later processes too). Nothing waits: the
+    builds it (``swiglu.build_library``; started now in predicted mode), and calls run ATen,
+    unfused, until it is built, then launch it without importing quack (in later processes
+    too). Nothing waits: the
     helper's start alone took longer than compiling through quack in the process on the H200
     host, which cost the compile 3.7-6.2 s (data/bench/e2e_h200_1gpu_aot*.json). Without a C
     compiler to link with, or with quack's disk cache off, the first launch compiles through
@@ -849,9 +850,10 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
         # predicted mode does not prefetch plain GEMMs: one kernel per served node compiles in
         # less time than the helper takes to start
         prefetch_for = shared_prefetcher if prefetch is True else prefetch
-    if arch and prefetch is True and (mode == "reduced" or fuse_swiglu):
-        # started now, the helper imports quack while Dynamo traces; it builds the fused
-        # SwiGLU kernels' libraries in both modes
+    if arch and prefetch is True and mode == "reduced":
+        # started now, the helper imports quack while Dynamo traces. In predicted mode it
+        # starts when a fused SwiGLU kernel needs building (``prepare_fused_kernel``), so a
+        # process whose kernels are built or shipped runs no helper
         shared_prefetcher(arch).start()
     return Installation(factory, FeedbackRecorder(feedback) if feedback is not None else None,
                         prefetch_for, fuse_swiglu)

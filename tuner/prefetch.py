@@ -23,7 +23,7 @@ in a multiprocessing worker). ``enable(mode="reduced")`` starts it so it loads w
 traces.
 
 The same helper builds the fused SwiGLU kernels' TVM-FFI libraries (``submit_swiglu``,
-``aot.py``), which ``enable()`` starts it for in predicted mode too.
+``aot.py``); in predicted mode it starts with the first such build.
 """
 
 from __future__ import annotations
