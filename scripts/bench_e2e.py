@@ -161,14 +161,15 @@ def _cpu_during(a: dict | None, b: dict | None) -> dict | None:
 
 class _LogTimes(logging.Handler):
     """Keeps cutetune's launcher messages (quack's import time, each kernel's first launch,
-    also of the fused SwiGLU kernel, and the fusion pass's) with their time since the last
+    also of the fused SwiGLU kernel), the fusion pass's and the Inductor integration's (each
+    node's decision, the waits for the compile helper) with their time since the last
     ``restart()``."""
 
     def __init__(self):
         super().__init__(logging.INFO)
         self.restart()
         for name in ("cutetune.tuner.launcher", "cutetune.tuner.swiglu",
-                     "cutetune.tuner.fusion_pass"):
+                     "cutetune.tuner.fusion_pass", "cutetune.tuner.inductor"):
             logger = logging.getLogger(name)
             logger.setLevel(logging.INFO)
             logger.addHandler(self)
@@ -235,7 +236,7 @@ def worker(spec: dict) -> dict:
             compile_s = time.perf_counter() - t0
             prefetched = _prefetch_stats(wait=False)
             t0 = time.perf_counter()
-            _prefetch_stats(wait=True)  # steady state: no background compile left running
+            helper = _prefetch_stats(wait=True)  # steady state: no background compile running
             helper_wait_s = time.perf_counter() - t0
             step = _time_calls(torch, compiled, x, spec["repeats"])
             steady = compiled(x)
@@ -251,6 +252,7 @@ def worker(spec: dict) -> dict:
                          "kernels": _kernel_counts("\n".join(code)),
                          "quack_imported": not quack_before and "quack" in sys.modules,
                          "prefetched": prefetched, "helper_wait_s": helper_wait_s,
+                         "helper_after_wait": helper,
                          "template_kernels_cached": _templates_cached()}
         if spec.get("save_code"):
             fname = f"m{spec['m']}_{mode}_{spec.get('kernel_cache') or 'none'}_{name}.py"

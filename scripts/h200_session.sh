@@ -98,6 +98,8 @@
 #   lazy  (after predicted mode started the helper only for a fused kernel to build) the GPU
 #      tests of predicted mode, then default and predicted at M 4096 8192, cold and warm, with no
 #      prebuilt kernels and then with the shipped ones
+#   waits  (after reduced mode logged its waits for the compile helper) max-autotune and reduced
+#      at M=4096, cold, with no prebuilt kernels
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -384,6 +386,9 @@ fx_graph_cache" -q -p no:cacheprovider 2>&1 | tail -n 4 | tee "$E2E/gpu_tests_$C
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 120)"
     bench part_lazy_shipped --ms 4096 8192 --modes predicted --warm-for \
       --skip-overhead --budget-s "$(left 10)" ;;
+  waits)
+    bench part_waits --ms 4096 --modes max-autotune reduced --warm-for --skip-overhead \
+      --no-prebuilt-kernels --budget-s "$(left 10)" ;;
   tune)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \
       -k "gpu_cli or host_bound" -q -s -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.log" ;;

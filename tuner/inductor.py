@@ -704,13 +704,16 @@ def await_prefetched(choices: list) -> list:
     """Inductor preprocessing hook (reduced mode), run on each node's choices just before they
     are benchmarked: import quack here (the benchmark needs it; meanwhile the workers compile),
     then wait for the node's kernels that the workers are still building and that are not in
-    quack's disk cache already, rather than build them one by one in this process. Choices
-    pass through unchanged."""
+    quack's disk cache already, rather than build them one by one in this process (the wait
+    is logged). Choices pass through unchanged."""
     keys = [k for k in (getattr(c, "cutetune_kernel", None) for c in choices) if k]
     if keys and _prefetch_for is not None:
         try:
             launcher.import_quack()
-            _prefetch_for(keys[0][0]).wait_for(keys, timeout=PREFETCH_WAIT_S)
+            t0 = time.perf_counter()
+            ready = _prefetch_for(keys[0][0]).wait_for(keys, timeout=PREFETCH_WAIT_S)
+            log.info("cutetune: waited %.2f s for the compile helper's %d kernels of a node%s",
+                     time.perf_counter() - t0, len(keys), "" if ready else " (timed out)")
         except Exception as e:  # noqa: BLE001  (the benchmark compiles what is missing)
             log.warning("cutetune: waiting for prefetched kernels failed (%s: %s)",
                         type(e).__name__, e)
