@@ -100,6 +100,7 @@
 #      prebuilt kernels and then with the shipped ones
 #   waits  (after reduced mode logged its waits for the compile helper) max-autotune and reduced
 #      at M=4096, cold, with no prebuilt kernels
+#   graphs  the fused kernel's GPU tests of the library path, predicted mode and CUDA graphs
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -389,6 +390,10 @@ fx_graph_cache" -q -p no:cacheprovider 2>&1 | tail -n 4 | tee "$E2E/gpu_tests_$C
   waits)
     bench part_waits --ms 4096 --modes max-autotune reduced --warm-for --skip-overhead \
       --no-prebuilt-kernels --budget-s "$(left 10)" ;;
+  graphs)
+    timeout "$(left 10)" python -m pytest -m gpu tests/test_swiglu.py -k "library or \
+predicted_mode or cuda_graphs" -q -p no:cacheprovider 2>&1 | tail -n 30 \
+      | tee "$E2E/gpu_tests_$CALL.log" ;;
   tune)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \
       -k "gpu_cli or host_bound" -q -s -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.log" ;;

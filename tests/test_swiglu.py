@@ -514,6 +514,29 @@ def test_the_prebuilt_kernels_can_be_named_or_turned_off(tmp_path, monkeypatch, 
     assert "CUTETUNE_FUSED_KERNELS" in caplog.text and "absent.zip" in caplog.text
 
 
+def test_a_corrupt_library_is_reported_and_the_call_goes_through_quack(tmp_path, monkeypatch,
+                                                                      caplog):
+    """A library whose shared object does not load (here: not an ELF file) or whose launch
+    arguments are not JSON raises AotError naming its file, and the first launch leaves it
+    for quack's path with a warning."""
+    from cutetune.tuner import aot
+
+    monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path))
+    so, meta = aot.library_paths("k1")
+    so.parent.mkdir(parents=True)
+    so.write_bytes(b"not a shared object")
+    meta.write_text(json.dumps({"format": aot.FORMAT, "function": "f", "b_kn": True,
+                                "swapped": False, "tail": []}))
+    with pytest.raises(aot.AotError, match="k1.json: RuntimeError: .*k1.so"):
+        aot.Library("k1", torch.device("cpu"), 1)
+    meta.write_text("{")
+    with pytest.raises(aot.AotError, match="k1.json"):
+        aot.Library("k1", torch.device("cpu"), 1)
+    with caplog.at_level("WARNING"):
+        assert swiglu._library_runner(PLAIN, "k1", torch.device("cpu")) is None
+    assert "the fused kernel's library did not load" in caplog.text and "using quack" in caplog.text
+
+
 # ---------------------------------------------------------------- GPU
 gpu = pytest.mark.gpu
 GPU_CONFIGS = (PLAIN, KernelConfig(tile_m=128, tile_n=192, pingpong=True, cluster_m=2),
@@ -654,6 +677,49 @@ def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048(monkeypatch, tmp_path)
         assert vias[1] == ({"library"}, {"library"})
     else:
         assert vias == [({"quack"}, {"quack"})] * 2
+
+
+@gpu
+def test_gpu_fused_mlp_replays_under_cuda_graphs(monkeypatch, tmp_path):
+    """mode="reduce-overhead": the compiled MLP records its CUDA graph with the fused calls on
+    ATen while the compile helper builds the kernel (a capture loads no library), and, once
+    the library is built, a new compile records the library's launch; both replay right."""
+    from torch._inductor.utils import fresh_cache
+
+    from cutetune.tuner import aot
+
+    if not aot.can_link():
+        pytest.skip("no C compiler to link the kernel's library")
+    monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CUTETUNE_FUSED_KERNELS", "")
+    monkeypatch.setattr(ci, "_PREFETCHERS", {})
+    monkeypatch.setattr(swiglu, "_plans", {})
+    monkeypatch.setattr(swiglu, "_builds", {})
+    torch.manual_seed(0)
+    lin = lambda i, o: torch.nn.Linear(i, o, bias=False).cuda().to(BF16)  # noqa: E731
+    gate, up, down = lin(4096, 14336), lin(4096, 14336), lin(14336, 4096)
+    mlp = lambda x: down(F.silu(gate(x)) * up(x))  # noqa: E731
+    x = torch.randn(2048, 4096, device="cuda", dtype=BF16)
+    with torch.no_grad():
+        ref = mlp(x).float()
+    vias = []
+    try:
+        for _ in range(2):
+            torch._dynamo.reset()
+            swiglu._plans.clear()
+            with torch.no_grad(), fresh_cache(), ci.enable("predicted"):
+                compiled = torch.compile(mlp, mode="reduce-overhead")
+                code = run_and_get_code(compiled, x)[1]
+                assert "torch.ops.cutetune.mm_silu_mul.default(" in "".join(code)
+                for _ in range(4):  # warm-up, record, replays
+                    out = compiled(x).float()
+                    assert ((out - ref).norm() / ref.norm()).item() < 2e-2
+                vias.append({p.via for p in swiglu._plans.values()})
+                assert ci.shared_prefetcher("sm90").wait(timeout=300)["failed"] == 0
+    finally:
+        for helper in ci._PREFETCHERS.values():
+            helper.close()
+    assert vias[0] <= {None, "library"} and vias[1] == {"library"}
 
 
 FRESH_PROCESS = """
