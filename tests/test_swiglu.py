@@ -631,8 +631,26 @@ print(json.dumps(out))
 """
 
 
+@pytest.fixture
+def cold_llama_mlp(monkeypatch, tmp_path):
+    """Llama-3-8B's MLP and an M=2048 input on the GPU, with an empty kernel cache, no
+    prebuilt kernels and a compile helper of its own (closed afterwards)."""
+    monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CUTETUNE_FUSED_KERNELS", "")
+    monkeypatch.setattr(ci, "_PREFETCHERS", {})  # a helper that sees this cache folder
+    monkeypatch.setattr(swiglu, "_plans", {})
+    monkeypatch.setattr(swiglu, "_builds", {})
+    torch.manual_seed(0)
+    lin = lambda i, o: torch.nn.Linear(i, o, bias=False).cuda().to(BF16)  # noqa: E731
+    gate, up, down = lin(4096, 14336), lin(4096, 14336), lin(14336, 4096)
+    yield (lambda x: down(F.silu(gate(x)) * up(x)),
+           torch.randn(2048, 4096, device="cuda", dtype=BF16))
+    for helper in ci._PREFETCHERS.values():
+        helper.close()
+
+
 @gpu
-def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048(monkeypatch, tmp_path):
+def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048(cold_llama_mlp):
     """The packaged heuristics' decision at Llama-3-8B's shapes: predicted mode compiles the
     MLP at M=2048 with the fused up projection and runs it right. With an empty kernel cache
     (and no prebuilt kernels) the first call runs ATen while the compile helper builds the
@@ -642,36 +660,23 @@ def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048(monkeypatch, tmp_path)
 
     from cutetune.tuner import aot
 
-    monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path))
-    monkeypatch.setenv("CUTETUNE_FUSED_KERNELS", "")
-    monkeypatch.setattr(ci, "_PREFETCHERS", {})  # a helper that sees this cache folder
-    monkeypatch.setattr(swiglu, "_plans", {})
-    monkeypatch.setattr(swiglu, "_builds", {})
-    torch.manual_seed(0)
-    lin = lambda i, o: torch.nn.Linear(i, o, bias=False).cuda().to(BF16)  # noqa: E731
-    gate, up, down = lin(4096, 14336), lin(4096, 14336), lin(14336, 4096)
-    mlp = lambda x: down(F.silu(gate(x)) * up(x))  # noqa: E731
-    x = torch.randn(2048, 4096, device="cuda", dtype=BF16)
+    mlp, x = cold_llama_mlp
     err = lambda out, ref: ((out.float() - ref.float()).norm() / ref.float().norm()).item()  # noqa: E731
     vias = []
-    try:
-        for _ in range(2):
-            torch._dynamo.reset()
-            swiglu._plans.clear()
-            with torch.no_grad(), fresh_cache(), ci.enable("predicted"):
-                compiled = torch.compile(mlp)
-                out, code = run_and_get_code(compiled, x)
-                ref = mlp(x)
-                assert "torch.ops.cutetune.mm_silu_mul.default(" in "".join(code)
-                assert err(out, ref) < 2e-2
-                first = {p.via for p in swiglu._plans.values()}
-                if aot.can_link():
-                    assert ci.shared_prefetcher("sm90").wait(timeout=300)["failed"] == 0
-                assert err(compiled(x), ref) < 2e-2
-                vias.append((first, {p.via for p in swiglu._plans.values()}))
-    finally:
-        for helper in ci._PREFETCHERS.values():
-            helper.close()
+    for _ in range(2):
+        torch._dynamo.reset()
+        swiglu._plans.clear()
+        with torch.no_grad(), fresh_cache(), ci.enable("predicted"):
+            compiled = torch.compile(mlp)
+            out, code = run_and_get_code(compiled, x)
+            ref = mlp(x)
+            assert "torch.ops.cutetune.mm_silu_mul.default(" in "".join(code)
+            assert err(out, ref) < 2e-2
+            first = {p.via for p in swiglu._plans.values()}
+            if aot.can_link():
+                assert ci.shared_prefetcher("sm90").wait(timeout=300)["failed"] == 0
+            assert err(compiled(x), ref) < 2e-2
+            vias.append((first, {p.via for p in swiglu._plans.values()}))
     if aot.can_link():  # the helper may win the race with the first call, rarely
         assert vias[0] in (({None}, {"library"}), ({"library"}, {"library"}))
         assert vias[1] == ({"library"}, {"library"})
@@ -680,7 +685,7 @@ def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048(monkeypatch, tmp_path)
 
 
 @gpu
-def test_gpu_fused_mlp_replays_under_cuda_graphs(monkeypatch, tmp_path):
+def test_gpu_fused_mlp_replays_under_cuda_graphs(cold_llama_mlp):
     """mode="reduce-overhead": the compiled MLP records its CUDA graph with the fused calls on
     ATen while the compile helper builds the kernel (a capture loads no library), and, once
     the library is built, a new compile records the library's launch; both replay right."""
@@ -690,35 +695,22 @@ def test_gpu_fused_mlp_replays_under_cuda_graphs(monkeypatch, tmp_path):
 
     if not aot.can_link():
         pytest.skip("no C compiler to link the kernel's library")
-    monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path))
-    monkeypatch.setenv("CUTETUNE_FUSED_KERNELS", "")
-    monkeypatch.setattr(ci, "_PREFETCHERS", {})
-    monkeypatch.setattr(swiglu, "_plans", {})
-    monkeypatch.setattr(swiglu, "_builds", {})
-    torch.manual_seed(0)
-    lin = lambda i, o: torch.nn.Linear(i, o, bias=False).cuda().to(BF16)  # noqa: E731
-    gate, up, down = lin(4096, 14336), lin(4096, 14336), lin(14336, 4096)
-    mlp = lambda x: down(F.silu(gate(x)) * up(x))  # noqa: E731
-    x = torch.randn(2048, 4096, device="cuda", dtype=BF16)
+    mlp, x = cold_llama_mlp
     with torch.no_grad():
         ref = mlp(x).float()
     vias = []
-    try:
-        for _ in range(2):
-            torch._dynamo.reset()
-            swiglu._plans.clear()
-            with torch.no_grad(), fresh_cache(), ci.enable("predicted"):
-                compiled = torch.compile(mlp, mode="reduce-overhead")
-                code = run_and_get_code(compiled, x)[1]
-                assert "torch.ops.cutetune.mm_silu_mul.default(" in "".join(code)
-                for _ in range(4):  # warm-up, record, replays
-                    out = compiled(x).float()
-                    assert ((out - ref).norm() / ref.norm()).item() < 2e-2
-                vias.append({p.via for p in swiglu._plans.values()})
-                assert ci.shared_prefetcher("sm90").wait(timeout=300)["failed"] == 0
-    finally:
-        for helper in ci._PREFETCHERS.values():
-            helper.close()
+    for _ in range(2):
+        torch._dynamo.reset()
+        swiglu._plans.clear()
+        with torch.no_grad(), fresh_cache(), ci.enable("predicted"):
+            compiled = torch.compile(mlp, mode="reduce-overhead")
+            code = run_and_get_code(compiled, x)[1]
+            assert "torch.ops.cutetune.mm_silu_mul.default(" in "".join(code)
+            for _ in range(4):  # warm-up, record, replays
+                out = compiled(x).float()
+                assert ((out - ref).norm() / ref.norm()).item() < 2e-2
+            vias.append({p.via for p in swiglu._plans.values()})
+            assert ci.shared_prefetcher("sm90").wait(timeout=300)["failed"] == 0
     assert vias[0] <= {None, "library"} and vias[1] == {"library"}
 
 
