@@ -184,8 +184,10 @@ def _build_pending(plan: _Plan, device: torch.device) -> bool:
     being captured into a CUDA graph, where no library is loaded): the call then runs ATen.
     The first such call says so."""
     state = _builds.get(plan.library)
-    if state is None or (state() != "pending" and not (
-            device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
+    if state is None:
+        return False
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if state() != "pending" and not capturing:
         return False
     if not plan.deferred:
         plan.deferred = True
