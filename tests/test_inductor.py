@@ -957,7 +957,10 @@ def test_prefetcher_builds_fused_kernel_libraries_without_a_gpu(tmp_path, monkey
         assert pf.submit_swiglu(up, config) == key and pf.stats()["submitted"] == 1
         assert pf.build_state(key) in ("pending", "done")
         assert pf.wait(timeout=300)["done"] == 1 and pf.build_state(key) == "done"
-        assert [e for _, e in pf.timeline] == ["imported", "started 0", "done 0"]
+        events = [e for _, e in pf.timeline]
+        assert [e.split()[0] for e in events] == ["imported", "started", "done"], events
+        assert events[1:] == ["started 0", "done 0"]
+        assert [w.split("=")[0] for w in events[0].split()[1:]] == ["gpu_blind", "quack"]
         assert sorted(pf.timeline) == pf.timeline
         assert pf.wait_for([key], timeout=0) and aot.library_ready(key)
         assert key == swiglu.library_key(config, "sm90", BF16, ("k", "k"))

@@ -661,7 +661,9 @@ def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048(cold_llama_mlp):
     from cutetune.tuner import aot
 
     mlp, x = cold_llama_mlp
-    err = lambda out, ref: ((out.float() - ref.float()).norm() / ref.float().norm()).item()  # noqa: E731
+    def err(out, ref):
+        return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
     vias = []
     for _ in range(2):
         torch._dynamo.reset()

@@ -69,7 +69,8 @@ class KernelPrefetcher:
         self._paths: dict = {}  # key -> the file that marks it built, once asked for
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
-        # (seconds since start, "imported" | "started ID" | "done ID" | ...): where a wait goes
+        # (seconds since start, "imported ..." | "started ID" | "done ID" | ...): where a
+        # wait goes
         self.timeline: list[tuple[float, str]] = []
         self._t0 = 0.0
 
@@ -90,7 +91,8 @@ class KernelPrefetcher:
     def _read(self, stream) -> None:
         for line in stream:
             status, _, rest = line.rstrip("\n").partition(" ")
-            self.timeline.append((round(time.monotonic() - self._t0, 3), f"{status} {rest}".strip()[:80]))
+            event = f"{status} {rest}".strip()[:80]
+            self.timeline.append((round(time.monotonic() - self._t0, 3), event))
             if status in ("imported", "started"):
                 continue
             idx, _, detail = rest.partition(" ")
@@ -215,18 +217,22 @@ def _job(arch: str, kind: str, *payload):
 
 
 def serve(arch: str, workers: int) -> None:
-    """Import quack (then print ``imported``), then read ``[id, kind, ...]`` job lines
-    (``gemm``: a kernel into quack's disk cache; ``swiglu``: a fused kernel's TVM-FFI
-    library); print ``cached ID`` for one built already,
-    else build it in a child forked from this process, at most ``workers`` at a time (printing
-    ``started ID``), and print ``done ID`` or ``failed ID why`` as each ends. Exits after its input closes and its
-    children end. SIGTERM: children finish their kernel (a kernel is written whole or not at
-    all), queued ones are dropped."""
+    """Import quack (then print ``imported`` with the seconds the GPU-blind set-up and quack's
+    import took: the rest of the time to that line, in the caller's timeline, is the
+    interpreter's start and this module's imports, torch's among them), then read
+    ``[id, kind, ...]`` job lines (``gemm``: a kernel into quack's disk cache; ``swiglu``: a
+    fused kernel's TVM-FFI library); print ``cached ID`` for one built already, else build it
+    in a child forked from this process, at most ``workers`` at a time (printing
+    ``started ID``), and print ``done ID`` or ``failed ID why`` as each ends. Exits after its
+    input closes and its children end. SIGTERM: children finish their kernel (a kernel is
+    written whole or not at all), queued ones are dropped."""
+    t0 = time.perf_counter()
     configure_gpu_blind(arch, os.environ.get("QUACK_CACHE_DIR"))
+    t1 = time.perf_counter()
     import quack.gemm  # noqa: F401  (what every child would import: once, here)
     import cutetune.tuner.quack_epilogues  # noqa: F401
 
-    print("imported", flush=True)
+    print(f"imported gpu_blind={t1 - t0:.2f} quack={time.perf_counter() - t1:.2f}", flush=True)
     queue: list[list] = []
     running: dict[int, int] = {}  # pid -> id
     buf, open_input = b"", True
