@@ -287,7 +287,7 @@ def write_package(path: Path, specs: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def install_packaged(key: str, package: Path = PACKAGE) -> bool:
+def install_packaged(key: str, package: Path) -> bool:
     """Link the package's object file for ``key`` into the library folder; False when the
     package does not hold it (another environment's key, or an unshipped kernel)."""
     if not package.exists():

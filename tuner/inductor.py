@@ -848,16 +848,14 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
     launcher.extern_choices()  # generated code (also from the FX cache) calls these by name
     factory = ChoicesFactory(mode, k, _resolve_source(model))
     prefetch_for = None
-    arch = torch.cuda.is_available() and device_arch(torch.device("cuda"))
     if mode == "reduced" and prefetch:
-        # predicted mode does not prefetch plain GEMMs: one kernel per served node compiles in
-        # less time than the helper takes to start
+        # predicted mode does not prefetch plain GEMMs (one kernel per served node compiles in
+        # less time than the helper takes to start), and starts the helper only when a fused
+        # SwiGLU kernel needs building (``prepare_fused_kernel``)
         prefetch_for = shared_prefetcher if prefetch is True else prefetch
-    if arch and prefetch is True and mode == "reduced":
-        # started now, the helper imports quack while Dynamo traces. In predicted mode it
-        # starts when a fused SwiGLU kernel needs building (``prepare_fused_kernel``), so a
-        # process whose kernels are built or shipped runs no helper
-        shared_prefetcher(arch).start()
+        arch = torch.cuda.is_available() and device_arch(torch.device("cuda"))
+        if arch and prefetch is True:  # started now, it imports quack while Dynamo traces
+            shared_prefetcher(arch).start()
     return Installation(factory, FeedbackRecorder(feedback) if feedback is not None else None,
                         prefetch_for, fuse_swiglu)
 
