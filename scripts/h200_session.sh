@@ -101,6 +101,9 @@
 #   waits  (after reduced mode logged its waits for the compile helper) max-autotune and reduced
 #      at M=4096, cold, with no prebuilt kernels
 #   graphs  the fused kernel's GPU tests of the library path, predicted mode and CUDA graphs
+#   helper  (after 0225b8b and 336d2dd) the fused kernel's GPU tests of the library path,
+#      predicted mode and CUDA graphs, then where the compile helper's start goes on this host
+#      (scripts/helper_probe.py)
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -394,6 +397,11 @@ fx_graph_cache" -q -p no:cacheprovider 2>&1 | tail -n 4 | tee "$E2E/gpu_tests_$C
     timeout "$(left 10)" python -m pytest -m gpu tests/test_swiglu.py -k "library or \
 predicted_mode or cuda_graphs" -q -p no:cacheprovider 2>&1 | tail -n 30 \
       | tee "$E2E/gpu_tests_$CALL.log" ;;
+  helper)
+    timeout 260 python -m pytest -m gpu tests/test_swiglu.py -k "library or predicted_mode or \
+cuda_graphs" -q -p no:cacheprovider 2>&1 | tail -n 30 | tee "$E2E/gpu_tests_$CALL.log"
+    timeout "$(left 10)" python scripts/helper_probe.py --repeats 2 \
+      --out "$E2E/helper_probe.json" 2>&1 | tee "$E2E/helper_probe.log" ;;
   tune)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \
       -k "gpu_cli or host_bound" -q -s -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.log" ;;

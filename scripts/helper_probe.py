@@ -1,0 +1,129 @@
+"""How long the compile helper takes to start on this host, alone and beside a cold compile.
+
+Reduced mode's first benchmark waits for the helper (``tuner/prefetch.py``): its start, an
+interpreter importing torch, cutlass and quack, took 9.9-13.9 s on the H200 host during a
+reduced-mode compile (``timeline`` in data/bench/e2e_h200_1gpu_timeline.json, _waits.json),
+while quack's import alone took 2.5-2.7 s there (data/bench/import_probe_h200.json). Each case
+runs in a fresh interpreter that starts the helper as ``KernelPrefetcher.start`` does (with
+``-X importtime``, whose top-level modules are kept) and waits for its ``imported`` line:
+
+- ``alone``: nothing else runs;
+- ``compile``: the process compiles the benchmark's MLP with Inductor's defaults, from an empty
+  Inductor cache, while the helper starts (the CPU the machine spent meanwhile is kept);
+- ``compile_1thread``: the same with Inductor's compile workers off (``compile_threads=1``):
+  what its worker pool costs the helper.
+
+    python scripts/helper_probe.py --repeats 2 --out data/bench/helper_probe_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_e2e import HIDDEN, _cpu_during, _cpu_sample, _workloads  # noqa: E402
+
+CASES = ("alone", "compile", "compile_1thread")
+
+
+def _top_imports(path: Path, n: int = 12) -> list[tuple[str, float]]:
+    """The ``-X importtime`` top-level modules (the ones the script itself imported) that took
+    longest, in seconds, cumulative."""
+    top = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("import time:") or "|" not in line[13:]:
+            continue
+        _, cumulative, name = line[12:].split("|")
+        if cumulative.strip().isdigit() and not name.startswith("  "):
+            top.append((name.strip(), int(cumulative) / 1e6))
+    return sorted(top, key=lambda kv: -kv[1])[:n]
+
+
+def child(case: str, m: int, arch: str) -> dict:
+    import torch
+
+    from cutetune.tuner.prefetch import default_workers
+
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp
+        if case == "compile_1thread":
+            import torch._inductor.config as inductor_config
+
+            inductor_config.compile_threads = 1
+        stderr = Path(tmp, "importtime.txt")
+        imported = {}
+        t0, cpu0 = time.perf_counter(), _cpu_sample()
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "importtime", "-m", "cutetune.tuner.prefetch", arch,
+             str(default_workers())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=stderr.open("w"), env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True)
+
+        def read():
+            for line in proc.stdout:
+                if line.startswith("imported"):
+                    imported.update(s=time.perf_counter() - t0, line=line.strip(),
+                                    cpu=_cpu_during(cpu0, _cpu_sample()))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        out = {"case": case}
+        if case != "alone":
+            module = _workloads(torch)["mlp"]().to("cuda", torch.bfloat16).eval()
+            x = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
+            with torch.no_grad():
+                torch.compile(module)(x)
+            torch.cuda.synchronize()
+            out["compile_s"] = time.perf_counter() - t0
+        proc.stdin.close()
+        proc.wait(timeout=120)
+        reader.join(timeout=5)
+        out.update(helper_imported_s=imported.get("s"), helper_line=imported.get("line"),
+                   cpu_until_imported=imported.get("cpu"), top_imports=_top_imports(stderr))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--m", type=int, default=4096)
+    ap.add_argument("--arch", default="sm90")
+    ap.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    ap.add_argument("--out")
+    ap.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.m, args.arch)))
+        return
+    if not args.out:
+        ap.error("--out is required")
+    runs = []
+    for repeat in range(args.repeats):
+        for case in args.cases:
+            res = subprocess.run([sys.executable, __file__, "--child", case, "--m", str(args.m),
+                                  "--arch", args.arch], capture_output=True, text=True)
+            run = json.loads(res.stdout.splitlines()[-1]) if res.returncode == 0 else {
+                "case": case, "error": res.stderr[-2000:]}
+            runs.append({"repeat": repeat, **run})
+            print(json.dumps(runs[-1])[:400], flush=True)
+    median = {case: statistics.median(r["helper_imported_s"] for r in runs
+                                      if r["case"] == case and r.get("helper_imported_s"))
+              for case in args.cases
+              if any(r["case"] == case and r.get("helper_imported_s") for r in runs)}
+    report = {"meta": {"command": " ".join(sys.argv), "python": sys.version.split()[0],
+                       "cpus": os.cpu_count(), "started": time.time()},
+              "runs": runs, "median_helper_imported_s": median}
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(json.dumps(median))
+
+
+if __name__ == "__main__":
+    main()
