@@ -104,6 +104,13 @@
 #   helper  (after 0225b8b and 336d2dd) the fused kernel's GPU tests of the library path,
 #      predicted mode and CUDA graphs, then where the compile helper's start goes on this host
 #      (scripts/helper_probe.py)
+#   fork  (after the compile helper was forked from the compiling process instead of started as
+#      a fresh interpreter) the GPU tests of the forked helper, the compiled MLP in every mode,
+#      the fused kernel's library path, predicted mode and CUDA graphs; the helper's start
+#      forked (scripts/helper_probe.py); then compile times of max-autotune and reduced at M
+#      4096 8192 with no prebuilt kernels, reduced with cold and warm caches
+#   fork_predicted  compile times of default and predicted at M 4096 8192 with no prebuilt
+#      kernels, cold and warm, then fork's compile times again
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -402,6 +409,19 @@ predicted_mode or cuda_graphs" -q -p no:cacheprovider 2>&1 | tail -n 30 \
 cuda_graphs" -q -p no:cacheprovider 2>&1 | tail -n 30 | tee "$E2E/gpu_tests_$CALL.log"
     timeout "$(left 10)" python scripts/helper_probe.py --repeats 2 \
       --out "$E2E/helper_probe.json" 2>&1 | tee "$E2E/helper_probe.log" ;;
+  fork)
+    timeout 300 python -m pytest -m gpu tests/test_inductor.py tests/test_swiglu.py -k "forked \
+or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cacheprovider 2>&1 \
+      | tail -n 30 | tee "$E2E/gpu_tests_$CALL.log"
+    timeout 120 python scripts/helper_probe.py --repeats 2 --cases fork fork_compile \
+      --out "$E2E/helper_probe_fork.json" 2>&1 | tee "$E2E/helper_probe_fork.log"
+    bench part_fork --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
+      --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
+  fork_predicted)
+    bench part_fork_predicted --ms 4096 8192 --modes default predicted --warm-for predicted \
+      --skip-overhead --no-prebuilt-kernels --budget-s "$(left 200)"
+    bench part_fork_r2 --ms 4096 8192 --modes max-autotune reduced --warm-for \
+      --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
   tune)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \
       -k "gpu_cli or host_bound" -q -s -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.log" ;;

@@ -1,17 +1,21 @@
 """How long the compile helper takes to start on this host, alone and beside a cold compile.
 
-Reduced mode's first benchmark waits for the helper (``tuner/prefetch.py``): its start, an
+Reduced mode's first benchmark waits for the helper (``tuner/prefetch.py``): its start, then an
 interpreter importing torch, cutlass and quack, took 9.9-13.9 s on the H200 host during a
 reduced-mode compile (``timeline`` in data/bench/e2e_h200_1gpu_timeline.json, _waits.json),
 while quack's import alone took 2.5-2.7 s there (data/bench/import_probe_h200.json). Each case
-runs in a fresh interpreter that starts the helper as ``KernelPrefetcher.start`` does (with
-``-X importtime``, whose top-level modules are kept) and waits for its ``imported`` line:
+runs in a fresh interpreter and waits for the helper's ``imported`` line:
 
-- ``alone``: nothing else runs;
-- ``compile``: the process compiles the benchmark's MLP with Inductor's defaults, from an empty
-  Inductor cache, while the helper starts (the CPU the machine spent meanwhile is kept);
+- ``alone``: a helper spawned as a fresh interpreter (as before cutetune forked it) with ``-X
+  importtime``, whose top-level modules are kept; nothing else runs;
+- ``compile``: the same while the process compiles the benchmark's MLP with Inductor's
+  defaults, from an empty Inductor cache (the CPU the machine spent meanwhile is kept);
 - ``compile_1thread``: the same with Inductor's compile workers off (``compile_threads=1``):
-  what its worker pool costs the helper.
+  what its worker pool costs the helper;
+- ``fork``: the helper as ``KernelPrefetcher.start`` forks it, from a process that has
+  imported cutetune's Inductor integration and initialized CUDA (as a user's has by then);
+  it then compiles one kernel, which this process launches against ``torch.mm``;
+- ``fork_compile``: the same beside the MLP's compile.
 
     python scripts/helper_probe.py --repeats 2 --out data/bench/helper_probe_h200.json
 """
@@ -32,7 +36,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import HIDDEN, _cpu_during, _cpu_sample, _workloads  # noqa: E402
 
-CASES = ("alone", "compile", "compile_1thread")
+CASES = ("alone", "compile", "compile_1thread", "fork", "fork_compile")
+# how the spawned helper ran before cutetune forked it
+SPAWN = "import sys; from cutetune.tuner.prefetch import serve; serve(sys.argv[1], int(sys.argv[2]))"
 
 
 def _top_imports(path: Path, n: int = 12) -> list[tuple[str, float]]:
@@ -48,47 +54,93 @@ def _top_imports(path: Path, n: int = 12) -> list[tuple[str, float]]:
     return sorted(top, key=lambda kv: -kv[1])[:n]
 
 
-def child(case: str, m: int, arch: str) -> dict:
+def _compile_mlp(torch, m: int) -> None:
+    module = _workloads(torch)["mlp"]().to("cuda", torch.bfloat16).eval()
+    x = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        torch.compile(module)(x)
+    torch.cuda.synchronize()
+
+
+def spawned(case: str, m: int, arch: str, tmp: str) -> dict:
     import torch
 
     from cutetune.tuner.prefetch import default_workers
 
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp
-        if case == "compile_1thread":
-            import torch._inductor.config as inductor_config
+    if case == "compile_1thread":
+        import torch._inductor.config as inductor_config
 
-            inductor_config.compile_threads = 1
-        stderr = Path(tmp, "importtime.txt")
-        imported = {}
-        t0, cpu0 = time.perf_counter(), _cpu_sample()
-        proc = subprocess.Popen(
-            [sys.executable, "-X", "importtime", "-m", "cutetune.tuner.prefetch", arch,
-             str(default_workers())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=stderr.open("w"), env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True)
+        inductor_config.compile_threads = 1
+    stderr = Path(tmp, "importtime.txt")
+    imported = {}
+    t0, cpu0 = time.perf_counter(), _cpu_sample()
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-c", SPAWN, arch, str(default_workers())],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr.open("w"),
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True)
 
-        def read():
-            for line in proc.stdout:
-                if line.startswith("imported"):
-                    imported.update(s=time.perf_counter() - t0, line=line.strip(),
-                                    cpu=_cpu_during(cpu0, _cpu_sample()))
+    def read():
+        for line in proc.stdout:
+            if line.startswith("imported"):
+                imported.update(s=time.perf_counter() - t0, line=line.strip(),
+                                cpu=_cpu_during(cpu0, _cpu_sample()))
 
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        out = {"case": case}
-        if case != "alone":
-            module = _workloads(torch)["mlp"]().to("cuda", torch.bfloat16).eval()
-            x = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
-            with torch.no_grad():
-                torch.compile(module)(x)
-            torch.cuda.synchronize()
-            out["compile_s"] = time.perf_counter() - t0
-        proc.stdin.close()
-        proc.wait(timeout=120)
-        reader.join(timeout=5)
-        out.update(helper_imported_s=imported.get("s"), helper_line=imported.get("line"),
-                   cpu_until_imported=imported.get("cpu"), top_imports=_top_imports(stderr))
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    out = {"case": case}
+    if case != "alone":
+        _compile_mlp(torch, m)
+        out["compile_s"] = time.perf_counter() - t0
+    proc.stdin.close()
+    proc.wait(timeout=120)
+    reader.join(timeout=5)
+    out.update(helper_imported_s=imported.get("s"), helper_line=imported.get("line"),
+               cpu_until_imported=imported.get("cpu"), top_imports=_top_imports(stderr))
     return out
+
+
+def forked(case: str, m: int, arch: str) -> dict:
+    import torch
+
+    import cutetune.tuner.inductor  # noqa: F401  (what enable() has imported)
+    from cutetune.space.config import quack_default_config
+    from cutetune.space.problem import GemmProblem
+    from cutetune.tuner.executor import signature_class
+    from cutetune.tuner.launcher import quack_mm_out
+    from cutetune.tuner.prefetch import KernelPrefetcher
+
+    torch.zeros(1, device="cuda")  # CUDA initialized, as in a user's process by then
+    n = k = 4096
+    problem, config = GemmProblem(m, n, k, b_major="k"), quack_default_config(arch)
+    pf = KernelPrefetcher(arch)
+    t0 = time.perf_counter()
+    pf.start()
+    out = {"case": case, "start_s": time.perf_counter() - t0}
+    if case == "fork_compile":
+        _compile_mlp(torch, m)
+        out["compile_s"] = time.perf_counter() - t0
+    pf.submit([(problem, config)])
+    out["kernel_built"] = pf.wait_for([signature_class(problem, config)], timeout=120)
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+    t1 = time.perf_counter()
+    got = quack_mm_out(a, b, torch.empty(m, n, device="cuda", dtype=torch.bfloat16), config)
+    torch.cuda.synchronize()
+    ref = a.float() @ b.float()
+    imported = [(t, e) for t, e in pf.timeline if e.startswith("imported")]
+    out.update(helper_imported_s=imported[0][0] if imported else None,
+               helper_line=imported[0][1] if imported else None, timeline=pf.timeline,
+               stats=pf.stats(), first_launch_s=time.perf_counter() - t1,
+               rel_err=((got.float() - ref).norm() / ref.norm()).item())
+    pf.close()
+    return out
+
+
+def child(case: str, m: int, arch: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp, "inductor")
+        os.environ["QUACK_CACHE_DIR"] = os.path.join(tmp, "quack")  # a cold kernel cache
+        return forked(case, m, arch) if case.startswith("fork") else spawned(case, m, arch, tmp)
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ and on a GPU (``-m gpu``) compiled Llama MLPs in each mode and an FX-graph-cache
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import statistics
 import subprocess
@@ -891,6 +892,25 @@ def test_prefetcher_reports_kernels_lost_with_its_helper(tmp_path):
     assert pf.wait(timeout=30) == {"submitted": 1, "done": 0, "cached": 0, "failed": 1}
 
 
+def test_forked_helper_keeps_none_of_this_processs_descriptors(tmp_path):
+    """The helper is forked from this process and closes every descriptor it inherited but its
+    own pipes: a pipe this process closes still reaches end of file at its reader (a helper
+    holding a copy would keep, e.g., Inductor's compile workers waiting for theirs)."""
+    import select
+
+    from cutetune.tuner.prefetch import KernelPrefetcher
+
+    r, w = os.pipe()
+    pf = KernelPrefetcher("sm90", workers=1, cache_dir=str(tmp_path))
+    try:
+        pf.start()
+        os.close(w)
+        assert select.select([r], [], [], 30)[0] and os.read(r, 1) == b""
+    finally:
+        os.close(r)
+        pf.close()
+
+
 def test_prefetcher_does_not_wait_for_kernels_already_on_disk(tmp_path):
     """A kernel in quack's cache counts as cached at once, before the helper has started."""
     from cutetune.tuner.compile import kernel_object_path
@@ -1037,6 +1057,38 @@ class LlamaMLP(torch.nn.Module):
 
 def _rel_err(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@gpu
+def test_gpu_helper_forked_from_a_cuda_process_builds_kernels_that_run_here(tmp_path,
+                                                                            monkeypatch):
+    """The compile helper is forked from a process whose CUDA context is live, which a fork
+    cannot share: it builds GPU-blind, and this process loads its kernel (milliseconds, where
+    compiling it here would take over a second) and runs it correctly."""
+    import quack.cache as qcache
+
+    from cutetune.tuner.compile import kernel_object_path
+    from cutetune.tuner.prefetch import KernelPrefetcher
+
+    monkeypatch.setattr(qcache, "CACHE_DIR", str(tmp_path))  # a cold kernel cache
+    launcher.import_quack()
+    torch.zeros(1, device="cuda")
+    problem = GemmProblem(512, 1024, 2048, b_major="k")
+    pf = KernelPrefetcher(launcher.device_arch(torch.device("cuda")), workers=1,
+                          cache_dir=str(tmp_path))
+    try:
+        assert pf.submit([(problem, C)]) == 1
+        assert pf.wait(timeout=300) == {"submitted": 1, "done": 1, "cached": 0, "failed": 0}
+    finally:
+        pf.close()
+    assert kernel_object_path(problem, C, str(tmp_path)).exists()
+    a = torch.randn(512, 2048, device="cuda", dtype=BF16)
+    b = torch.randn(1024, 2048, device="cuda", dtype=BF16).t()
+    t0 = time.perf_counter()
+    out = launcher.quack_mm_out(a, b, torch.empty(512, 1024, device="cuda", dtype=BF16), C)
+    torch.cuda.synchronize()
+    assert time.perf_counter() - t0 < 1.0
+    assert _rel_err(out, a.float() @ b.float()) < 1e-2
 
 
 @gpu

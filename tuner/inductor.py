@@ -549,9 +549,10 @@ def prepare_fused_kernel(problem: GemmProblem, config: KernelConfig) -> None:
     built or linked from prebuilt kernel objects (``aot.ensure_library``), the compile helper
     builds it (``swiglu.build_library``; started now in predicted mode), and calls run ATen,
     unfused, until it is built, then launch it without importing quack (in later processes
-    too). Nothing waits: the
-    helper's start alone took longer than compiling through quack in the process on the H200
-    host, which cost the compile 3.7-6.2 s (data/bench/e2e_h200_1gpu_aot*.json). Without a C
+    too). Nothing waits: on the H200 host the helper's library came 4.1-5.8 s after the
+    compile even forked (data/bench/e2e_h200_1gpu_fork_predicted.json), about what compiling
+    through quack in the process cost the compile, 3.7-6.2 s
+    (data/bench/e2e_h200_1gpu_aot*.json). Without a C
     compiler to link with, or with quack's disk cache off, the first launch compiles through
     quack here. No import runs in a thread meanwhile: on the H200 host quack's import holds
     the GIL throughout and a thread hid none of it (data/bench/import_probe_h200.json)."""

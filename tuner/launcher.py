@@ -264,6 +264,14 @@ def import_quack_in_background() -> threading.Thread:
     return thread
 
 
+def await_background_import() -> None:
+    """Let ``import_quack_in_background``'s thread finish, if one was started: a fork while it
+    runs would leave the child waiting forever on quack's module lock, held by a thread the
+    child does not have (``prefetch.py`` forks the compile helper)."""
+    if import_quack_in_background.cache_info().currsize:
+        import_quack_in_background().join()
+
+
 def _launch(plan: _Plan, a, b, out, c, alpha, beta) -> None:
     execute, serial, rn = _quack()
     cfg = plan.config

@@ -15,12 +15,15 @@ H200 host (data/reports/gpu/h200_1gpu/session.log, call a against call c). A ker
 failed or timed out is compiled here as before, so a slow or broken prefetcher never changes
 results, only compile time.
 
-The workers come from one helper process (``python -m cutetune.tuner.prefetch``) that imports
-torch and quack once and forks a child per kernel, so a worker starts in a fraction of a second
-instead of paying ``import cutlass``. The helper is a plain subprocess fed over a pipe: starting
-it does not wait for its imports, and nothing of the user's ``__main__`` runs in it (as it would
-in a multiprocessing worker). ``enable(mode="reduced")`` starts it so it loads while Dynamo
-traces.
+The workers come from one helper process that imports quack once and forks a child per
+kernel, so a worker starts in a fraction of a second instead of paying ``import cutlass``. The
+helper is forked from this process (``_ForkedHelper``) and fed over a pipe: it inherits torch and
+Inductor already imported, and imports only cutlass and quack. A fresh interpreter took 13.5-15.7
+s on the H200 host just to reach that point (loading torch's CUDA libraries, then cutlass and
+quack: data/bench/helper_probe_h200.json), longer than max-autotune's whole compile of the
+benchmark's MLP. The helper never touches the GPU (quack's GPU-blind compile set-up), so the
+parent's CUDA context, which a fork cannot share, does not matter to it; nothing of the user's
+``__main__`` runs in it. ``enable(mode="reduced")`` starts it so it loads while Dynamo traces.
 
 The same helper builds the fused SwiGLU kernels' TVM-FFI libraries (``submit_swiglu``,
 ``aot.py``); in predicted mode it starts with the first such build.
@@ -28,18 +31,20 @@ The same helper builds the fused SwiGLU kernels' TVM-FFI libraries (``submit_swi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
-import subprocess
+import signal
 import sys
 import threading
 import time
+import warnings
 
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
 
-from . import aot, swiglu
+from . import aot, launcher, swiglu
 from .compile import compile_kernel, configure_gpu_blind, kernel_object_path
 from .executor import signature_class
 from .launcher import TORCH_DTYPE_OF
@@ -67,7 +72,7 @@ class KernelPrefetcher:
         self._ids: list = []
         self._kernels: dict[tuple, tuple[GemmProblem, KernelConfig]] = {}
         self._paths: dict = {}  # key -> the file that marks it built, once asked for
-        self._proc: subprocess.Popen | None = None
+        self._proc: _ForkedHelper | None = None
         self._lock = threading.Lock()
         # (seconds since start, "imported ..." | "started ID" | "done ID" | ...): where a
         # wait goes
@@ -79,17 +84,11 @@ class KernelPrefetcher:
         if not self.enabled or self._proc is not None:
             return
         self._t0 = time.monotonic()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if self.cache_dir:
-            env["QUACK_CACHE_DIR"] = self.cache_dir
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "cutetune.tuner.prefetch", self.arch, str(self.workers)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-            text=True, bufsize=1)
-        threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True).start()
+        self._proc = _ForkedHelper(self.arch, self.workers, self.cache_dir)
+        threading.Thread(target=self._read, args=(self._proc,), daemon=True).start()
 
-    def _read(self, stream) -> None:
-        for line in stream:
+    def _read(self, helper: "_ForkedHelper") -> None:
+        for line in helper.stdout:
             status, _, rest = line.rstrip("\n").partition(" ")
             event = f"{status} {rest}".strip()[:80]
             self.timeline.append((round(time.monotonic() - self._t0, 3), event))
@@ -99,6 +98,7 @@ class KernelPrefetcher:
             with self._lock:
                 key = self._ids[int(idx)]
                 self.state[key] = status if status in ("done", "cached") else f"failed: {detail}"
+        helper.reap()
         with self._lock:  # the helper is gone: nothing pending will finish
             for key, s in self.state.items():
                 if s == "pending":
@@ -193,6 +193,41 @@ class KernelPrefetcher:
             self._proc = None
 
 
+class _ForkedHelper:
+    """The helper process, forked from this one to run ``serve``; its job lines go to
+    ``stdin`` and its reports come from ``stdout`` (text, line-buffered)."""
+
+    def __init__(self, arch: str, workers: int, cache_dir: str | None) -> None:
+        jobs_r, jobs_w = os.pipe()
+        reports_r, reports_w = os.pipe()
+        launcher.await_background_import()
+        with warnings.catch_warnings():  # "use of fork() may lead to deadlocks in the child":
+            # the child runs only serve(), takes no lock of this process's other threads
+            # (quack's import was just awaited) and never touches CUDA
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            _run_forked(jobs_r, reports_w, arch, workers, cache_dir)
+        os.close(jobs_r)
+        os.close(reports_w)
+        self.pid = pid
+        self.stdin = os.fdopen(jobs_w, "w", buffering=1)
+        self.stdout = os.fdopen(reports_r, "r")
+
+    def terminate(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        with contextlib.suppress(OSError):
+            self.stdin.close()
+
+    def reap(self) -> None:
+        """Collect the exit status once its output ended, so it leaves no zombie."""
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
 def _poll(condition, timeout: float | None) -> bool:
     """Check ``condition`` every 20 ms until it holds (True) or ``timeout`` s passed (False)."""
     end = None if timeout is None else time.monotonic() + timeout
@@ -204,6 +239,31 @@ def _poll(condition, timeout: float | None) -> bool:
 
 
 # ---------------------------------------------------------------- the helper process
+def _run_forked(jobs_fd: int, reports_fd: int, arch: str, workers: int,
+                cache_dir: str | None) -> None:
+    """The forked child: the pipes become its stdin and stdout, stderr goes nowhere, every
+    other descriptor it inherited is closed (so the parent's pipes still see their ends), and
+    it serves until its input closes. Never returns."""
+    code = 0
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.dup2(jobs_fd, 0)
+        os.dup2(reports_fd, 1)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115  (the process ends with os._exit)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+        if cache_dir:
+            os.environ["QUACK_CACHE_DIR"] = cache_dir
+        serve(arch, workers)
+    except BaseException:  # noqa: BLE001  (the parent sees its output end)
+        code = 1
+    finally:
+        os._exit(code)
+
+
 def _job(arch: str, kind: str, *payload):
     """(whether it is built already, how to build it) for one job line of ``serve``."""
     if kind == "gemm":
@@ -270,6 +330,3 @@ def serve(arch: str, workers: int) -> None:
         elif not open_input:
             time.sleep(0.05)
 
-
-if __name__ == "__main__":
-    serve(sys.argv[1], int(sys.argv[2]))

@@ -120,8 +120,7 @@ _plans: dict[tuple, _Plan] = {}
 # Library builds under way: ``aot.kernel_key`` -> its state ("pending", "done" or
 # "failed: why"), registered by whoever started them (Inductor's compile helper). While a
 # call's build is pending the call runs ATen, unfused, and the next call looks again: the
-# model never waits for a compile (the helper's start alone took longer than compiling in the
-# process on the H200 host, data/bench/e2e_h200_1gpu_aot.json).
+# model never waits for a compile (``inductor.prepare_fused_kernel`` says why).
 _builds: dict[str, Callable[[], str]] = {}
 
 
