@@ -111,6 +111,9 @@
 #      4096 8192 with no prebuilt kernels, reduced with cold and warm caches
 #   fork_predicted  compile times of default and predicted at M 4096 8192 with no prebuilt
 #      kernels, cold and warm, then fork's compile times again
+#   fork2  (after the forked helper froze its objects against the garbage collector, and the
+#      probe kept the helper's memory) fork's GPU tests and probe, then compile times of every
+#      mode at M 4096 8192 with no prebuilt kernels, cutetune's with cold and warm caches
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -421,6 +424,14 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
     bench part_fork_predicted --ms 4096 8192 --modes default predicted --warm-for predicted \
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 200)"
     bench part_fork_r2 --ms 4096 8192 --modes max-autotune reduced --warm-for \
+      --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
+  fork2)
+    timeout 300 python -m pytest -m gpu tests/test_inductor.py tests/test_swiglu.py -k "forked \
+or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cacheprovider 2>&1 \
+      | tail -n 3 | tee "$E2E/gpu_tests_$CALL.log"
+    timeout 120 python scripts/helper_probe.py --repeats 2 --cases fork fork_compile \
+      --out "$E2E/helper_probe_fork2.json" 2>&1 | cut -c 1-300 | tee "$E2E/helper_probe_fork2.log"
+    bench part_fork2 --ms 4096 8192 --modes default max-autotune predicted reduced \
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
   tune)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \

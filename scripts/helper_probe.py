@@ -14,7 +14,8 @@ runs in a fresh interpreter and waits for the helper's ``imported`` line:
   what its worker pool costs the helper;
 - ``fork``: the helper as ``KernelPrefetcher.start`` forks it, from a process that has
   imported cutetune's Inductor integration and initialized CUDA (as a user's has by then);
-  it then compiles one kernel, which this process launches against ``torch.mm``;
+  it then compiles one kernel, which this process launches against ``torch.mm`` (the
+  helper's and this process's memory are kept);
 - ``fork_compile``: the same beside the MLP's compile.
 
     python scripts/helper_probe.py --repeats 2 --out data/bench/helper_probe_h200.json
@@ -52,6 +53,17 @@ def _top_imports(path: Path, n: int = 12) -> list[tuple[str, float]]:
         if cumulative.strip().isdigit() and not name.startswith("  "):
             top.append((name.strip(), int(cumulative) / 1e6))
     return sorted(top, key=lambda kv: -kv[1])[:n]
+
+
+def _memory_kib(pid: int) -> dict | None:
+    """A process's resident and private (copied or its own) memory, KiB, from
+    /proc/PID/smaps_rollup (None where there is none)."""
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+    except OSError:
+        return None
+    fields = {ln.split(":")[0]: int(ln.split()[1]) for ln in rollup[1:] if ln.endswith("kB")}
+    return {k: fields.get(k) for k in ("Rss", "Pss", "Private_Clean", "Private_Dirty")}
 
 
 def _compile_mlp(torch, m: int) -> None:
@@ -127,10 +139,12 @@ def forked(case: str, m: int, arch: str) -> dict:
     got = quack_mm_out(a, b, torch.empty(m, n, device="cuda", dtype=torch.bfloat16), config)
     torch.cuda.synchronize()
     ref = a.float() @ b.float()
+    memory = _memory_kib(pf._proc.pid)
     imported = [(t, e) for t, e in pf.timeline if e.startswith("imported")]
     out.update(helper_imported_s=imported[0][0] if imported else None,
                helper_line=imported[0][1] if imported else None, timeline=pf.timeline,
                stats=pf.stats(), first_launch_s=time.perf_counter() - t1,
+               helper_memory_kib=memory, parent_memory_kib=_memory_kib(os.getpid()),
                rel_err=((got.float() - ref).norm() / ref.norm()).item())
     pf.close()
     return out

@@ -32,6 +32,7 @@ The same helper builds the fused SwiGLU kernels' TVM-FFI libraries (``submit_swi
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import select
@@ -244,6 +245,7 @@ def _run_forked(jobs_fd: int, reports_fd: int, arch: str, workers: int,
     """The forked child: the pipes become its stdin and stdout, stderr goes nowhere, every
     other descriptor it inherited is closed (so the parent's pipes still see their ends), and
     it serves until its input closes. Never returns."""
+    gc.freeze()  # collections here leave the parent's objects alone (and uncopied)
     code = 0
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -292,6 +294,7 @@ def serve(arch: str, workers: int) -> None:
     import quack.gemm  # noqa: F401  (what every child would import: once, here)
     import cutetune.tuner.quack_epilogues  # noqa: F401
 
+    gc.freeze()  # and each kernel's child leaves the imports' objects alone
     print(f"imported gpu_blind={t1 - t0:.2f} quack={time.perf_counter() - t1:.2f}", flush=True)
     queue: list[list] = []
     running: dict[int, int] = {}  # pid -> id
