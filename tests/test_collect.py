@@ -174,3 +174,17 @@ def test_launch_host_us_is_the_host_time_of_one_mm_launch():
 
     us = launch_host_us(device="cpu", calls=20, rounds=3)
     assert 0.0 < us < 1e5  # a 16x16 mm: microseconds, not zero, not a stalled run
+
+
+def test_kernel_cache_follows_cutetunes_cache_folder(tmp_path, monkeypatch):
+    """The tuner's quack kernel cache: an explicit folder, else $QUACK_CACHE_DIR, else
+    ``quack-kernels`` in cutetune's cache folder ($CUTETUNE_CACHE)."""
+    from cutetune.tuner.compile import kernel_cache_dir
+
+    monkeypatch.delenv("QUACK_CACHE_DIR", raising=False)
+    monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path / "ct"))
+    assert kernel_cache_dir() == str(tmp_path / "ct" / "quack-kernels")
+    assert (tmp_path / "ct" / "quack-kernels").is_dir()
+    monkeypatch.setenv("QUACK_CACHE_DIR", str(tmp_path / "q"))
+    assert kernel_cache_dir() == str(tmp_path / "q")
+    assert kernel_cache_dir(str(tmp_path / "x")) == str(tmp_path / "x")

@@ -107,9 +107,9 @@ def cache_dir() -> Path:
 
 
 def kernel_cache_dir(explicit: str | None = None) -> str:
-    """quack's on-disk kernel cache: ``explicit``, else $QUACK_CACHE_DIR, else ours."""
-    path = explicit or os.environ.get("QUACK_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "cutetune", "quack-kernels")
+    """quack's on-disk kernel cache for the tuner: ``explicit``, else $QUACK_CACHE_DIR, else
+    ``quack-kernels`` in cutetune's cache folder (``cache_dir``)."""
+    path = explicit or os.environ.get("QUACK_CACHE_DIR") or str(cache_dir() / "quack-kernels")
     os.makedirs(path, exist_ok=True)
     return path
 
