@@ -298,7 +298,7 @@ def install_packaged(key: str, package: Path) -> bool:
                 return False
             obj, meta = z.read(f"{key}.o"), z.read(f"{key}.json")
     except (OSError, zipfile.BadZipFile, KeyError) as e:
-        raise AotError(f"the shipped kernels {package} are unreadable: {e}") from e
+        raise AotError(f"the prebuilt kernels {package} are unreadable: {e}") from e
     library_dir().mkdir(parents=True, exist_ok=True)
     _write_atomic(object_path(key), obj)
     _install(key, meta)
