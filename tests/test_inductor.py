@@ -911,6 +911,27 @@ def test_forked_helper_keeps_none_of_this_processs_descriptors(tmp_path):
         pf.close()
 
 
+def test_a_helper_that_does_not_start_is_stopped_and_its_kernels_fail(tmp_path, monkeypatch,
+                                                                      caplog):
+    """A forked helper stuck before its imports end (a lock another thread held at the fork)
+    is stopped after START_TIMEOUT_S: its kernels fail at once, naming why, so nothing waits
+    for them any longer."""
+    from cutetune.tuner import prefetch
+
+    monkeypatch.setattr(prefetch, "START_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(prefetch, "serve", lambda arch, workers: time.sleep(600))
+    pf = prefetch.KernelPrefetcher("sm90", workers=1, cache_dir=str(tmp_path))
+    try:
+        assert pf.submit([(GemmProblem(256, 512, 1024, b_major="k"), A)]) == 1
+        t0 = time.monotonic()
+        assert pf.wait(timeout=30) == {"submitted": 1, "done": 0, "cached": 0, "failed": 1}
+        assert time.monotonic() - t0 < 10
+    finally:
+        pf.close()
+    assert list(pf.state.values()) == ["failed: the compile helper did not start in 0.5 s"]
+    assert "did not start" in caplog.text
+
+
 def test_prefetcher_does_not_wait_for_kernels_already_on_disk(tmp_path):
     """A kernel in quack's cache counts as cached at once, before the helper has started."""
     from cutetune.tuner.compile import kernel_object_path

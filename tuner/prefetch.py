@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import logging
 import os
 import select
 import signal
@@ -49,6 +50,15 @@ from . import aot, launcher, swiglu
 from .compile import compile_kernel, configure_gpu_blind, kernel_object_path
 from .executor import signature_class
 from .launcher import TORCH_DTYPE_OF
+
+
+# A helper that has not imported quack by then is taken for hung (a fork can inherit a lock that
+# another thread of this process held) and stopped: its kernels fail, so their callers build
+# them themselves instead of waiting. Forked, it imported in 2.5-4.2 s on the H200 host
+# (data/bench/helper_probe_h200_fork*.json).
+START_TIMEOUT_S = 60.0
+
+log = logging.getLogger(__name__)
 
 
 def default_workers() -> int:
@@ -79,6 +89,8 @@ class KernelPrefetcher:
         # wait goes
         self.timeline: list[tuple[float, str]] = []
         self._t0 = 0.0
+        self._lost = "the compile helper exited"  # why kernels still pending will not come
+        self._watchdog: threading.Timer | None = None
 
     def start(self) -> None:
         """Start the helper now (it imports quack in the background)."""
@@ -87,6 +99,17 @@ class KernelPrefetcher:
         self._t0 = time.monotonic()
         self._proc = _ForkedHelper(self.arch, self.workers, self.cache_dir)
         threading.Thread(target=self._read, args=(self._proc,), daemon=True).start()
+        self._watchdog = threading.Timer(START_TIMEOUT_S, self._stop_if_not_started,
+                                         (self._proc,))
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def _stop_if_not_started(self, helper: "_ForkedHelper") -> None:
+        if not any(event.startswith("imported") for _, event in self.timeline):
+            log.warning("cutetune: the compile helper did not start in %g s; stopping it "
+                        "(its kernels are built where they are needed)", START_TIMEOUT_S)
+            self._lost = f"the compile helper did not start in {START_TIMEOUT_S:g} s"
+            helper.terminate()
 
     def _read(self, helper: "_ForkedHelper") -> None:
         for line in helper.stdout:
@@ -103,7 +126,7 @@ class KernelPrefetcher:
         with self._lock:  # the helper is gone: nothing pending will finish
             for key, s in self.state.items():
                 if s == "pending":
-                    self.state[key] = "failed: the compile helper exited"
+                    self.state[key] = f"failed: {self._lost}"
 
     def submit(self, kernels) -> int:
         """Queue the kernels of ``(problem, config)`` pairs not queued before; how many."""
@@ -190,6 +213,7 @@ class KernelPrefetcher:
     def close(self) -> None:
         """Stop the helper once its running compiles end (queued ones are dropped)."""
         if self._proc is not None:
+            self._watchdog.cancel()
             self._proc.terminate()
             self._proc = None
 
