@@ -39,7 +39,8 @@ from bench_e2e import HIDDEN, _cpu_during, _cpu_sample, _workloads  # noqa: E402
 
 CASES = ("alone", "compile", "compile_1thread", "fork", "fork_compile")
 # how the spawned helper ran before cutetune forked it
-SPAWN = "import sys; from cutetune.tuner.prefetch import serve; serve(sys.argv[1], int(sys.argv[2]))"
+SPAWN = ("import sys; from cutetune.tuner.prefetch import serve; "
+         "serve(sys.argv[1], int(sys.argv[2]), 0, sys.stdout)")
 
 
 def _top_imports(path: Path, n: int = 12) -> list[tuple[str, float]]:

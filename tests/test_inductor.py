@@ -904,6 +904,7 @@ def test_forked_helper_keeps_none_of_this_processs_descriptors(tmp_path):
     pf = KernelPrefetcher("sm90", workers=1, cache_dir=str(tmp_path))
     try:
         pf.start()
+        assert pf._proc is not None  # forked
         os.close(w)
         assert select.select([r], [], [], 30)[0] and os.read(r, 1) == b""
     finally:
@@ -919,7 +920,7 @@ def test_a_helper_that_does_not_start_is_stopped_and_its_kernels_fail(tmp_path, 
     from cutetune.tuner import prefetch
 
     monkeypatch.setattr(prefetch, "START_TIMEOUT_S", 0.5)
-    monkeypatch.setattr(prefetch, "serve", lambda arch, workers: time.sleep(600))
+    monkeypatch.setattr(prefetch, "serve", lambda arch, workers, jobs, reports: time.sleep(600))
     pf = prefetch.KernelPrefetcher("sm90", workers=1, cache_dir=str(tmp_path))
     try:
         assert pf.submit([(GemmProblem(256, 512, 1024, b_major="k"), A)]) == 1
@@ -930,6 +931,59 @@ def test_a_helper_that_does_not_start_is_stopped_and_its_kernels_fail(tmp_path, 
         pf.close()
     assert list(pf.state.values()) == ["failed: the compile helper did not start in 0.5 s"]
     assert "did not start" in caplog.text
+
+
+def test_helper_reports_reach_it_alone_and_a_crashed_helper_is_not_signalled(
+        tmp_path, monkeypatch, caplog):
+    """The helper's reports have a pipe of their own: what else it prints (a library's
+    output) never reaches them, and a line that is not a report is skipped. A helper that
+    ended is reaped, its pending kernels fail at once, and the start timeout then leaves it
+    (and whatever process took its pid) alone."""
+    from cutetune.tuner import prefetch
+
+    def serve(arch, workers, jobs, reports):
+        got = b""
+        while got.count(b"\n") < 2:  # both jobs arrived
+            got += os.read(jobs, 1 << 16)
+        print("done 0 (a library's stray output)", flush=True)
+        for line in ("imported test", "a line that is not a report", "started 0", "done 0",
+                     "failed 7 no such job"):
+            reports.write(f"{line}\n")
+        reports.flush()
+        raise RuntimeError("the helper crashed")
+
+    monkeypatch.setattr(prefetch, "START_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(prefetch, "serve", serve)
+    killed = []
+    monkeypatch.setattr(prefetch.os, "kill", lambda pid, sig: killed.append(pid))
+    problem = GemmProblem(256, 512, 1024, b_major="k")
+    pf = prefetch.KernelPrefetcher("sm90", workers=1, cache_dir=str(tmp_path))
+    assert pf.submit([(problem, A), (problem, C)]) == 2
+    assert pf.wait(timeout=30) == {"submitted": 2, "done": 1, "cached": 0, "failed": 1}
+    assert [e for _, e in pf.timeline] == ["imported test", "started 0", "done 0",
+                                            "failed 7 no such job"]
+    assert pf.state[signature_class(problem, C)] == "failed: the compile helper exited"
+    time.sleep(0.6)  # past the start timeout
+    pf.close()
+    assert pf._proc is None and killed == [] and "did not start" not in caplog.text
+
+
+def test_a_helper_that_cannot_be_forked_turns_the_prefetcher_off(tmp_path, monkeypatch, caplog):
+    """Fork failing (no memory for the copy) costs no descriptor and no compile: the
+    prefetcher is off, nothing is queued, and kernels are built where they are needed."""
+    from cutetune.tuner import prefetch
+
+    def fork():
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(prefetch.os, "fork", fork)
+    before = len(os.listdir("/proc/self/fd"))
+    pf = prefetch.KernelPrefetcher("sm90", workers=1, cache_dir=str(tmp_path))
+    assert pf.submit([(GemmProblem(256, 512, 1024, b_major="k"), A)]) == 0
+    assert pf.submit([(GemmProblem(256, 512, 2048, b_major="k"), A)]) == 0
+    assert not pf.enabled and pf.stats()["submitted"] == 0
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert "could not start" in caplog.text
 
 
 def test_prefetcher_does_not_wait_for_kernels_already_on_disk(tmp_path):

@@ -32,6 +32,7 @@ The same helper builds the fused SwiGLU kernels' TVM-FFI libraries (``submit_swi
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import json
 import logging
@@ -57,6 +58,13 @@ from .launcher import TORCH_DTYPE_OF
 # them themselves instead of waiting. Forked, it imported in 2.5-4.2 s on the H200 host
 # (data/bench/helper_probe_h200_fork*.json).
 START_TIMEOUT_S = 60.0
+# A build still running after this long is killed and reported failed (the slowest of all 1200
+# sm90 kernels compiled in 6.2 s on the H200 host:
+# data/reports/gpu/warm_space_check_h200x2.json.gz).
+JOB_TIMEOUT_S = 300.0
+# The lines the helper reports, by their first word.
+REPORTS = ("imported", "started", "cached", "done", "failed")
+_REPORTED = 3  # a build's exit status when it reported its own failure
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +101,18 @@ class KernelPrefetcher:
         self._watchdog: threading.Timer | None = None
 
     def start(self) -> None:
-        """Start the helper now (it imports quack in the background)."""
+        """Start the helper now (it imports quack in the background). If it cannot be forked
+        the prefetcher turns itself off (kernels are then built where they are needed)."""
         if not self.enabled or self._proc is not None:
             return
         self._t0 = time.monotonic()
-        self._proc = _ForkedHelper(self.arch, self.workers, self.cache_dir)
+        try:
+            self._proc = _ForkedHelper(self.arch, self.workers, self.cache_dir)
+        except OSError as e:
+            log.warning("cutetune: the compile helper could not start (%s); kernels are built "
+                        "where they are needed", e)
+            self.enabled = False
+            return
         threading.Thread(target=self._read, args=(self._proc,), daemon=True).start()
         self._watchdog = threading.Timer(START_TIMEOUT_S, self._stop_if_not_started,
                                          (self._proc,))
@@ -105,28 +120,36 @@ class KernelPrefetcher:
         self._watchdog.start()
 
     def _stop_if_not_started(self, helper: "_ForkedHelper") -> None:
-        if not any(event.startswith("imported") for _, event in self.timeline):
+        if not helper.exited and not any(e.startswith("imported") for _, e in self.timeline):
             log.warning("cutetune: the compile helper did not start in %g s; stopping it "
                         "(its kernels are built where they are needed)", START_TIMEOUT_S)
             self._lost = f"the compile helper did not start in {START_TIMEOUT_S:g} s"
             helper.terminate()
 
     def _read(self, helper: "_ForkedHelper") -> None:
-        for line in helper.stdout:
-            status, _, rest = line.rstrip("\n").partition(" ")
-            event = f"{status} {rest}".strip()[:80]
-            self.timeline.append((round(time.monotonic() - self._t0, 3), event))
-            if status in ("imported", "started"):
-                continue
-            idx, _, detail = rest.partition(" ")
-            with self._lock:
-                key = self._ids[int(idx)]
-                self.state[key] = status if status in ("done", "cached") else f"failed: {detail}"
-        helper.reap()
-        with self._lock:  # the helper is gone: nothing pending will finish
-            for key, s in self.state.items():
-                if s == "pending":
-                    self.state[key] = f"failed: {self._lost}"
+        try:
+            for line in helper.reports:
+                self._report(line)
+        finally:
+            helper.reap()
+            with self._lock:  # the helper is gone: nothing pending will finish
+                for key, s in self.state.items():
+                    if s == "pending":
+                        self.state[key] = f"failed: {self._lost}"
+
+    def _report(self, line: str) -> None:
+        """Take one line of the helper's reports; anything else is skipped."""
+        status, _, rest = line.rstrip("\n").partition(" ")
+        if status not in REPORTS:
+            return
+        self.timeline.append((round(time.monotonic() - self._t0, 3), line.strip()[:80]))
+        if status in ("imported", "started"):
+            return
+        idx, _, detail = rest.partition(" ")
+        with self._lock:
+            if idx.isdigit() and int(idx) < len(self._ids):
+                self.state[self._ids[int(idx)]] = (status if status in ("done", "cached")
+                                                   else f"failed: {detail}")
 
     def submit(self, kernels) -> int:
         """Queue the kernels of ``(problem, config)`` pairs not queued before; how many."""
@@ -152,6 +175,8 @@ class KernelPrefetcher:
         if not self.enabled:
             return 0
         self.start()
+        if self._proc is None:  # it could not start
+            return 0
         lines = []
         with self._lock:
             for key, job in jobs:
@@ -161,12 +186,12 @@ class KernelPrefetcher:
                 self._ids.append(key)
                 lines.append(json.dumps([len(self._ids) - 1, *job]))
         try:
-            self._proc.stdin.write("".join(f"{ln}\n" for ln in lines))
-            self._proc.stdin.flush()
+            self._proc.jobs.write("".join(f"{ln}\n" for ln in lines))
+            self._proc.jobs.flush()
         except (BrokenPipeError, OSError, ValueError):
             with self._lock:
                 for key in self._ids[len(self._ids) - len(lines):]:
-                    self.state[key] = "failed: the compile helper exited"
+                    self.state[key] = f"failed: {self._lost}"
         return len(lines)
 
     def stats(self) -> dict:
@@ -213,44 +238,56 @@ class KernelPrefetcher:
     def close(self) -> None:
         """Stop the helper once its running compiles end (queued ones are dropped)."""
         if self._proc is not None:
-            self._watchdog.cancel()
+            if self._watchdog is not None:
+                self._watchdog.cancel()
             self._proc.terminate()
             self._proc = None
 
 
 class _ForkedHelper:
-    """The helper process, forked from this one to run ``serve``; its job lines go to
-    ``stdin`` and its reports come from ``stdout`` (text, line-buffered)."""
+    """The helper process, forked from this one to run ``serve``: job lines go to ``jobs``,
+    its reports come from ``reports`` (text, line-buffered; a pipe of its own, so nothing else
+    it prints can reach them)."""
 
     def __init__(self, arch: str, workers: int, cache_dir: str | None) -> None:
         jobs_r, jobs_w = os.pipe()
         reports_r, reports_w = os.pipe()
         launcher.await_background_import()
-        with warnings.catch_warnings():  # "use of fork() may lead to deadlocks in the child":
-            # the child runs only serve(), takes no lock of this process's other threads
-            # (quack's import was just awaited) and never touches CUDA
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+        try:
+            with warnings.catch_warnings():  # "use of fork() may lead to deadlocks in the
+                # child": it runs only serve(), takes no lock of this process's other threads
+                # (quack's import was just awaited) and never touches CUDA
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except OSError:
+            for fd in (jobs_r, jobs_w, reports_r, reports_w):
+                os.close(fd)
+            raise
         if pid == 0:
             _run_forked(jobs_r, reports_w, arch, workers, cache_dir)
         os.close(jobs_r)
         os.close(reports_w)
-        self.pid = pid
-        self.stdin = os.fdopen(jobs_w, "w", buffering=1)
-        self.stdout = os.fdopen(reports_r, "r")
+        self.pid, self.exited, self._lock = pid, False, threading.Lock()
+        self.jobs = os.fdopen(jobs_w, "w", buffering=1)
+        self.reports = os.fdopen(reports_r, "r", errors="replace")
 
     def terminate(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        with contextlib.suppress(OSError):
-            self.stdin.close()
+        """SIGTERM it, unless it was reaped (its pid may be another process's by then), and
+        close its input."""
+        with self._lock:
+            if not self.exited:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGTERM)
+        with contextlib.suppress(OSError, ValueError):
+            self.jobs.close()
 
     def reap(self) -> None:
-        """Collect the exit status once its output ended, so it leaves no zombie."""
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
+        """Once its reports ended: collect its exit status (no zombie), close the pipe."""
+        with self._lock:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
+            self.exited = True
+        self.reports.close()
 
 
 def _poll(condition, timeout: float | None) -> bool:
@@ -266,28 +303,48 @@ def _poll(condition, timeout: float | None) -> bool:
 # ---------------------------------------------------------------- the helper process
 def _run_forked(jobs_fd: int, reports_fd: int, arch: str, workers: int,
                 cache_dir: str | None) -> None:
-    """The forked child: the pipes become its stdin and stdout, stderr goes nowhere, every
-    other descriptor it inherited is closed (so the parent's pipes still see their ends), and
-    it serves until its input closes. Never returns."""
+    """The forked child: jobs come in on its stdin, reports go out on a descriptor of their
+    own, stdout and stderr go nowhere, every other descriptor it inherited is closed (so the
+    parent's pipes still see their ends), the parent's signal handlers and logging are off,
+    and it serves until its input closes. Never returns."""
     gc.freeze()  # collections here leave the parent's objects alone (and uncopied)
     code = 0
     try:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.dup2(jobs_fd, 0)
-        os.dup2(reports_fd, 1)
+        for sig in signal.valid_signals():
+            handler = signal.getsignal(sig)
+            if callable(handler) and handler is not signal.default_int_handler:
+                with contextlib.suppress(OSError, ValueError, RuntimeError):
+                    signal.signal(sig, signal.SIG_DFL)
+        logging.disable(logging.CRITICAL)
+        jobs = fcntl.fcntl(jobs_fd, fcntl.F_DUPFD, 3)  # above 2 whatever the parent had open
+        reports = fcntl.fcntl(reports_fd, fcntl.F_DUPFD, 3)
+        os.dup2(jobs, 0)
         devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        _close_inherited(keep=reports)
         sys.stdin = open(0, closefd=False)  # noqa: SIM115  (the process ends with os._exit)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
         if cache_dir:
             os.environ["QUACK_CACHE_DIR"] = cache_dir
-        serve(arch, workers)
-    except BaseException:  # noqa: BLE001  (the parent sees its output end)
+        serve(arch, workers, 0, open(reports, "w", buffering=1))  # noqa: SIM115
+    except BaseException:  # noqa: BLE001  (the parent sees its reports end)
         code = 1
     finally:
         os._exit(code)
+
+
+def _close_inherited(keep: int) -> None:
+    """Close every descriptor above 2 but ``keep`` (those /proc lists, else every number)."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = range(3, os.sysconf("SC_OPEN_MAX"))
+    for fd in fds:
+        if fd > 2 and fd != keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _job(arch: str, kind: str, *payload):
@@ -302,53 +359,69 @@ def _job(arch: str, kind: str, *payload):
             lambda: swiglu.build_library(config, arch, dtype, majors))
 
 
-def serve(arch: str, workers: int) -> None:
-    """Import quack (then print ``imported`` with the seconds the GPU-blind set-up and quack's
-    import took: the rest of the time to that line, in the caller's timeline, is the
-    interpreter's start and this module's imports, torch's among them), then read
-    ``[id, kind, ...]`` job lines (``gemm``: a kernel into quack's disk cache; ``swiglu``: a
-    fused kernel's TVM-FFI library); print ``cached ID`` for one built already, else build it
-    in a child forked from this process, at most ``workers`` at a time (printing
-    ``started ID``), and print ``done ID`` or ``failed ID why`` as each ends. Exits after its
-    input closes and its children end. SIGTERM: children finish their kernel (a kernel is
-    written whole or not at all), queued ones are dropped."""
+def serve(arch: str, workers: int, jobs: int, reports) -> None:
+    """Import quack and all its builds need (then report ``imported`` with the seconds the
+    GPU-blind set-up and quack's import took: the rest of the time to that line, in the
+    caller's timeline, is the fork), then read ``[id, kind, ...]`` job lines from the
+    descriptor ``jobs`` (``gemm``: a kernel into quack's disk cache; ``swiglu``: a fused
+    kernel's TVM-FFI library); report ``cached ID`` for one built already, else build it in a
+    child forked from this process, at most ``workers`` at a time (reporting ``started
+    ID``), and ``done ID`` or ``failed ID why`` as each ends (a build past JOB_TIMEOUT_S is
+    killed). Reports are lines written to the text stream ``reports``. Exits after its input
+    closes and its children end. SIGTERM: children finish their kernel (a kernel is written
+    whole or not at all), queued ones are dropped."""
+    def report(line: str) -> None:
+        reports.write(f"{line}\n")
+        reports.flush()
+
     t0 = time.perf_counter()
     configure_gpu_blind(arch, os.environ.get("QUACK_CACHE_DIR"))
     t1 = time.perf_counter()
-    import quack.gemm  # noqa: F401  (what every child would import: once, here)
+    # what every child would import, once, here: an import a child started could wait forever
+    # on a lock a thread of the process this one was forked from held
+    import quack.cache.jit  # noqa: F401
+    import quack.gemm  # noqa: F401
+    import quack.gemm_runtime.host  # noqa: F401
+
     import cutetune.tuner.quack_epilogues  # noqa: F401
 
     gc.freeze()  # and each kernel's child leaves the imports' objects alone
-    print(f"imported gpu_blind={t1 - t0:.2f} quack={time.perf_counter() - t1:.2f}", flush=True)
+    report(f"imported gpu_blind={t1 - t0:.2f} quack={time.perf_counter() - t1:.2f}")
     queue: list[list] = []
-    running: dict[int, int] = {}  # pid -> id
+    running: dict[int, tuple[int, float]] = {}  # pid -> (id, when it is killed)
     buf, open_input = b"", True
     while open_input or queue or running:
         while queue and len(running) < workers:
             idx, *job = queue.pop(0)
             cached, build = _job(arch, *job)
             if cached:
-                print(f"cached {idx}", flush=True)
+                report(f"cached {idx}")
                 continue
-            print(f"started {idx}", flush=True)
+            report(f"started {idx}")
             pid = os.fork()
             if pid == 0:
                 code = 0
                 try:
                     build()
-                except BaseException as e:  # noqa: BLE001  (reported by the exit code)
-                    print(f"{type(e).__name__}: {e}"[:300].replace("\n", " "), file=sys.stderr)
-                    code = 1
+                except BaseException as e:  # noqa: BLE001
+                    report(f"failed {idx} {type(e).__name__}: {e}"[:300].replace("\n", " "))
+                    code = _REPORTED
                 os._exit(code)
-            running[pid] = idx
-        for pid in list(running):
+            running[pid] = (idx, time.monotonic() + JOB_TIMEOUT_S)
+        for pid, (idx, deadline) in list(running.items()):
             done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                idx = running.pop(pid)
-                ok = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-                print(f"done {idx}" if ok else f"failed {idx} exit status {status}", flush=True)
-        if open_input and select.select([sys.stdin], [], [], 0.05)[0]:
-            chunk = os.read(sys.stdin.fileno(), 1 << 16)
+            if not done and time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                running.pop(pid)
+                report(f"failed {idx} killed after {JOB_TIMEOUT_S:g} s")
+            elif done:
+                running.pop(pid)
+                code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+                if code != _REPORTED:
+                    report(f"done {idx}" if code == 0 else f"failed {idx} exit status {status}")
+        if open_input and select.select([jobs], [], [], 0.05)[0]:
+            chunk = os.read(jobs, 1 << 16)
             if not chunk:
                 open_input = False
             buf += chunk
@@ -356,4 +429,3 @@ def serve(arch: str, workers: int) -> None:
             queue += [json.loads(ln) for ln in lines if ln.strip()]
         elif not open_input:
             time.sleep(0.05)
-
