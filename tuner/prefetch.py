@@ -303,10 +303,11 @@ def _poll(condition, timeout: float | None) -> bool:
 # ---------------------------------------------------------------- the helper process
 def _run_forked(jobs_fd: int, reports_fd: int, arch: str, workers: int,
                 cache_dir: str | None) -> None:
-    """The forked child: jobs come in on its stdin, reports go out on a descriptor of their
-    own, stdout and stderr go nowhere, every other descriptor it inherited is closed (so the
-    parent's pipes still see their ends), the parent's signal handlers and logging are off,
-    and it serves until its input closes. Never returns."""
+    """The forked child: jobs and reports each keep a descriptor of their own, stdin, stdout
+    and stderr are /dev/null (nothing a library reads or prints there meets them), every other
+    descriptor it inherited is closed (so the parent's pipes still see their ends), the
+    parent's signal handlers and logging are off, and it serves until its input closes. Never
+    returns."""
     gc.freeze()  # collections here leave the parent's objects alone (and uncopied)
     code = 0
     try:
@@ -318,31 +319,31 @@ def _run_forked(jobs_fd: int, reports_fd: int, arch: str, workers: int,
         logging.disable(logging.CRITICAL)
         jobs = fcntl.fcntl(jobs_fd, fcntl.F_DUPFD, 3)  # above 2 whatever the parent had open
         reports = fcntl.fcntl(reports_fd, fcntl.F_DUPFD, 3)
-        os.dup2(jobs, 0)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
-        _close_inherited(keep=reports)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        _close_inherited(keep=(jobs, reports))
         sys.stdin = open(0, closefd=False)  # noqa: SIM115  (the process ends with os._exit)
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
         if cache_dir:
             os.environ["QUACK_CACHE_DIR"] = cache_dir
-        serve(arch, workers, 0, open(reports, "w", buffering=1))  # noqa: SIM115
+        serve(arch, workers, jobs, open(reports, "w", buffering=1))  # noqa: SIM115
     except BaseException:  # noqa: BLE001  (the parent sees its reports end)
         code = 1
     finally:
         os._exit(code)
 
 
-def _close_inherited(keep: int) -> None:
-    """Close every descriptor above 2 but ``keep`` (those /proc lists, else every number)."""
+def _close_inherited(keep: tuple[int, ...]) -> None:
+    """Close every descriptor above 2 but those in ``keep`` (those /proc lists, else every
+    number)."""
     try:
         fds = [int(name) for name in os.listdir("/proc/self/fd")]
     except OSError:
         fds = range(3, os.sysconf("SC_OPEN_MAX"))
     for fd in fds:
-        if fd > 2 and fd != keep:
+        if fd > 2 and fd not in keep:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
