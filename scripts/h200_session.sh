@@ -114,6 +114,11 @@
 #   fork2  (after the forked helper froze its objects against the garbage collector, and the
 #      probe kept the helper's memory) fork's GPU tests and probe, then compile times of every
 #      mode at M 4096 8192 with no prebuilt kernels, cutetune's with cold and warm caches
+#   library  (after reduced mode's plain mm kernels ran from TVM-FFI libraries that the compile
+#      helper builds, with no quack import where the model runs) the GPU tests of the plain and
+#      fused libraries, the forked helper, the compiled MLP in every mode, predicted mode and
+#      CUDA graphs; then compile times of max-autotune and reduced at M 4096 8192 with no
+#      prebuilt kernels, reduced with cold and warm caches, twice
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -432,6 +437,14 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
     timeout 120 python scripts/helper_probe.py --repeats 2 --cases fork fork_compile \
       --out "$E2E/helper_probe_fork2.json" 2>&1 | cut -c 1-300 | tee "$E2E/helper_probe_fork2.log"
     bench part_fork2 --ms 4096 8192 --modes default max-autotune predicted reduced \
+      --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
+  library)
+    timeout 300 python -m pytest -m gpu tests/test_launcher.py tests/test_inductor.py \
+      tests/test_swiglu.py -k "library or forked or compiled_llama_mlp or predicted_mode or \
+cuda_graphs" -q -p no:cacheprovider 2>&1 | tail -n 30 | tee "$E2E/gpu_tests_$CALL.log"
+    bench part_library --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
+      --skip-overhead --no-prebuilt-kernels --budget-s "$(left 210)"
+    bench part_library_r2 --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
   tune)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \

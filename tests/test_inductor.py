@@ -25,7 +25,7 @@ from cutetune.space.config import KernelConfig, quack_default_config
 from cutetune.space.problem import GemmProblem, ProblemError
 from cutetune.tuner import heuristics as hz
 from cutetune.tuner import inductor as ci
-from cutetune.tuner import launcher
+from cutetune.tuner import aot, launcher, prefetch
 from cutetune.tuner.executor import signature_class
 from cutetune.tuner.fusion_pass import SwigluFusionPass
 from cutetune.tuner.heuristics import Grid, Heuristics, HeuristicsError
@@ -338,6 +338,15 @@ def test_predicted_gives_one_quack_choice_per_node(fake_gpu, monkeypatch):
     with ci.enable("predicted", model=fake):
         kernels = lower(block, *BLOCK)
     assert len(imports) == 3  # quack's import starts with the first node that chose it
+    # with the mm's TVM-FFI library built, its node launches without quack: no import for it
+    key = prefetch.kernel_key(GemmProblem(64, 256, 512, b_major="n"), A)
+    if prefetch.is_library(key):
+        meta = aot.library_paths(key[1])[1]
+        meta.parent.mkdir(parents=True)
+        meta.write_text("{}")
+        with ci.enable("predicted", model=FakeHeuristics()):
+            assert lower(block, *BLOCK) == kernels
+        assert len(imports) == 3 + 2  # the addmm's and the bmm's
     cfg = launcher.config_tuple(A)
     assert kernels == [(ADDMM, {"config": cfg, "alpha": 1, "beta": 1}), (MM, {"config": cfg}),
                        (MM, {"config": cfg})]
@@ -847,9 +856,12 @@ def test_reduced_prefetches_the_graphs_kernels_once_before_benchmarking(fake_gpu
     assert [(p.m, p.n, p.k, p.batch, p.b_major, c) for p, c in sent] == [
         (64, 256, 512, 1, "n", A), (64, 256, 512, 1, "n", B),
         (64, 64, 64, 4, "n", A), (64, 64, 64, 4, "n", B)]
-    # before each node's benchmark, a wait for that node's prefetched kernels (none for addmm)
-    keys = [signature_class(p, c) for p, c in sent]
+    # before each node's benchmark, a wait for that node's prefetched kernels (none for addmm):
+    # the mm's TVM-FFI libraries (with a C compiler to link them), the bmm's quack kernels
+    keys = [prefetch.kernel_key(p, c) for p, c in sent]
     assert rec.waited == [keys[:2], keys[2:]]
+    assert [prefetch.is_library(k) for k in keys] == [aot.can_link()] * 2 + [False] * 2
+    assert keys[2:] == [signature_class(p, c) for p, c in sent[2:]]
     assert ci.await_prefetched not in cache.preprocessing_fns  # removed with the installation
 
 
@@ -962,7 +974,7 @@ def test_helper_reports_reach_it_alone_and_a_crashed_helper_is_not_signalled(
     assert pf.wait(timeout=30) == {"submitted": 2, "done": 1, "cached": 0, "failed": 1}
     assert [e for _, e in pf.timeline] == ["imported test", "started 0", "done 0",
                                             "failed 7 no such job"]
-    assert pf.state[signature_class(problem, C)] == "failed: the compile helper exited"
+    assert pf.state[prefetch.kernel_key(problem, C)] == "failed: the compile helper exited"
     time.sleep(0.6)  # past the start timeout
     pf.close()
     assert pf._proc is None and killed == [] and "did not start" not in caplog.text
@@ -986,12 +998,25 @@ def test_a_helper_that_cannot_be_forked_turns_the_prefetcher_off(tmp_path, monke
     assert "could not start" in caplog.text
 
 
-def test_prefetcher_does_not_wait_for_kernels_already_on_disk(tmp_path):
-    """A kernel in quack's cache counts as cached at once, before the helper has started."""
+def test_prefetcher_does_not_wait_for_kernels_already_on_disk(tmp_path, monkeypatch):
+    """A kernel in quack's cache counts as cached at once, before the helper has started
+    (kernels a library cannot hold, or all without a C compiler); a library built already is
+    not even queued."""
     from cutetune.tuner.compile import kernel_object_path
     from cutetune.tuner.prefetch import KernelPrefetcher
 
     problem, other = GemmProblem(256, 512, 1024), GemmProblem(256, 512, 1024, b_major="n")
+    monkeypatch.setattr(aot, "can_link", lambda: True)
+    meta = aot.library_paths(prefetch.kernel_key(problem, A)[1])[1]
+    meta.parent.mkdir(parents=True)
+    meta.write_text("{}")
+    pf = KernelPrefetcher("sm90", workers=1, cache_dir=str(tmp_path))
+    try:
+        assert pf.submit([(problem, A)]) == 0 and pf.stats()["submitted"] == 0
+        assert pf.wait_for([prefetch.kernel_key(problem, A)], timeout=0)
+    finally:
+        pf.close()
+    monkeypatch.setattr(aot, "can_link", lambda: False)
     path = kernel_object_path(problem, A, str(tmp_path))
     path.parent.mkdir(parents=True)
     path.write_bytes(b"an object file")
@@ -1007,12 +1032,15 @@ def test_prefetcher_does_not_wait_for_kernels_already_on_disk(tmp_path):
 
 
 @pytest.mark.compile
-def test_prefetcher_compiles_into_quacks_cache_without_a_gpu(tmp_path):
+def test_prefetcher_compiles_into_quacks_cache_without_a_gpu(tmp_path, monkeypatch):
     """The real workers: forked from the helper that imported quack, GPU-blind, each kernel
     once; starting does not wait for the helper's imports; a kernel on disk is not rebuilt,
-    and its file is where quack's jit cache looks (``kernel_object_path``)."""
+    and its file is where quack's jit cache looks (``kernel_object_path``). (Without a C
+    compiler: with one, these kernels are built as libraries, the next test.)"""
     from cutetune.tuner.compile import kernel_object_path
     from cutetune.tuner.prefetch import KernelPrefetcher
+
+    monkeypatch.setattr(aot, "can_link", lambda: False)
 
     p = GemmProblem(256, 512, 1024, b_major="k")
     default = quack_default_config("sm90")
@@ -1031,6 +1059,64 @@ def test_prefetcher_compiles_into_quacks_cache_without_a_gpu(tmp_path):
     objects = sorted(tmp_path.rglob("*.o"))
     assert len(objects) == 2
     assert sorted(kernel_object_path(q, c, str(tmp_path)) for q, c in kernels[1:]) == objects
+
+
+LOAD_PLAIN_WITHOUT_CUTLASS = """
+import json, sys, torch, tvm_ffi
+from cutetune.tuner import aot
+out = []
+for key in sys.argv[1:]:
+    meta = json.loads(aot.library_paths(key)[1].read_text())
+    fn = tvm_ffi.load_module(str(aot.library_paths(key)[0]))[meta["function"]]
+    a = torch.empty(256, 128, dtype=torch.bfloat16)
+    try:
+        fn(a, a.t(), a, None, *meta["tail"])
+        out.append(None)
+    except ValueError as e:
+        out.append(str(e))
+print(json.dumps({"errors": out, "imported": [m for m in ("cutlass", "quack") if m in sys.modules]}))
+"""
+
+
+@pytest.mark.compile
+def test_prefetcher_builds_plain_kernel_libraries_without_a_gpu(tmp_path):
+    """With a C compiler, the helper builds each plain mm kernel as a TVM-FFI library (one
+    serves every M; a swap_ab config too), which a fresh process loads with tvm_ffi alone
+    (no cutlass, no quack) up to the kernel's own argument checks (a CPU tensor is refused);
+    a library built already is not queued again. A batched kernel still goes to quack's
+    disk cache."""
+    import subprocess
+    import sys
+
+    from cutetune.tuner.prefetch import KernelPrefetcher
+
+    if not aot.can_link():
+        pytest.skip("no C compiler to link libraries")
+    p, t = GemmProblem(256, 512, 1024, b_major="k"), GemmProblem(256, 512, 1024, a_major="m")
+    default = quack_default_config("sm90")
+    kernels = [(p, default), (GemmProblem(64, 512, 1024, b_major="k"), default), (t, B),
+               (GemmProblem(64, 64, 64, batch=4), C)]
+    pf = KernelPrefetcher("sm90", workers=2, cache_dir=str(tmp_path / "quack"))
+    try:
+        assert pf.submit(kernels) == 3
+        assert pf.wait(timeout=300) == {"submitted": 3, "done": 3, "cached": 0, "failed": 0}
+    finally:
+        pf.close()
+    keys = [prefetch.kernel_key(q, c) for q, c in kernels]
+    assert [prefetch.is_library(k) for k in keys] == [True, True, True, False]
+    assert all(aot.library_ready(k[1]) for k in keys[:3])
+    assert len(list((tmp_path / "quack").rglob("*.o"))) == 1  # the batched kernel's
+    again = KernelPrefetcher("sm90", workers=1, cache_dir=str(tmp_path / "quack"))
+    try:
+        assert again.submit(kernels[:3]) == 0
+    finally:
+        again.close()
+    res = subprocess.run([sys.executable, "-c", LOAD_PLAIN_WITHOUT_CUTLASS, keys[0][1],
+                          keys[2][1]], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["imported"] == [], got
+    assert all("expected device_type=cuda" in e for e in got["errors"]), got
 
 
 PLAIN_SWIGLU = KernelConfig(tile_m=128, tile_n=128, pingpong=False)
@@ -1138,8 +1224,9 @@ def _rel_err(a, b):
 def test_gpu_helper_forked_from_a_cuda_process_builds_kernels_that_run_here(tmp_path,
                                                                             monkeypatch):
     """The compile helper is forked from a process whose CUDA context is live, which a fork
-    cannot share: it builds GPU-blind, and this process loads its kernel (milliseconds, where
-    compiling it here would take over a second) and runs it correctly."""
+    cannot share: it builds GPU-blind, and this process loads its kernels (milliseconds, where
+    compiling them here would take over a second) and runs them correctly: a plain mm's from
+    its TVM-FFI library (with a C compiler), a batched one's from quack's disk cache."""
     import quack.cache as qcache
 
     from cutetune.tuner.compile import kernel_object_path
@@ -1148,22 +1235,32 @@ def test_gpu_helper_forked_from_a_cuda_process_builds_kernels_that_run_here(tmp_
     monkeypatch.setattr(qcache, "CACHE_DIR", str(tmp_path))  # a cold kernel cache
     launcher.import_quack()
     torch.zeros(1, device="cuda")
+    monkeypatch.setattr(launcher, "_plans", {})
     problem = GemmProblem(512, 1024, 2048, b_major="k")
-    pf = KernelPrefetcher(launcher.device_arch(torch.device("cuda")), workers=1,
+    batched = GemmProblem(512, 1024, 2048, 2, b_major="n")
+    pf = KernelPrefetcher(launcher.device_arch(torch.device("cuda")), workers=2,
                           cache_dir=str(tmp_path))
     try:
-        assert pf.submit([(problem, C)]) == 1
-        assert pf.wait(timeout=300) == {"submitted": 1, "done": 1, "cached": 0, "failed": 0}
+        assert pf.submit([(problem, C), (batched, C)]) == 2
+        assert pf.wait(timeout=300) == {"submitted": 2, "done": 2, "cached": 0, "failed": 0}
     finally:
         pf.close()
-    assert kernel_object_path(problem, C, str(tmp_path)).exists()
-    a = torch.randn(512, 2048, device="cuda", dtype=BF16)
-    b = torch.randn(1024, 2048, device="cuda", dtype=BF16).t()
+    library = prefetch.is_library(prefetch.kernel_key(problem, C))
+    assert library == aot.can_link()
+    assert kernel_object_path(batched, C, str(tmp_path)).exists()
+    assert kernel_object_path(problem, C, str(tmp_path)).exists() != library
+    a = torch.randn(2, 512, 2048, device="cuda", dtype=BF16)
+    b = torch.randn(2, 2048, 1024, device="cuda", dtype=BF16)
+    wt = torch.randn(1024, 2048, device="cuda", dtype=BF16).t()
     t0 = time.perf_counter()
-    out = launcher.quack_mm_out(a, b, torch.empty(512, 1024, device="cuda", dtype=BF16), C)
+    out = launcher.quack_mm_out(a[0], wt, torch.empty(512, 1024, device="cuda", dtype=BF16), C)
+    out3 = launcher.quack_mm_out(a, b, torch.empty(2, 512, 1024, device="cuda", dtype=BF16), C)
     torch.cuda.synchronize()
     assert time.perf_counter() - t0 < 1.0
-    assert _rel_err(out, a.float() @ b.float()) < 1e-2
+    assert _rel_err(out, a[0].float() @ wt.float()) < 1e-2
+    assert _rel_err(out3, a.float() @ b.float()) < 1e-2
+    vias = sorted(p.via for p in launcher._plans.values() if p.config == C and p.via)
+    assert vias == sorted(["library" if library else "quack", "quack"])
 
 
 @gpu

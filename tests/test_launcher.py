@@ -253,8 +253,9 @@ GPU_BLIND_LAUNCHES = textwrap.dedent("""
              1.0), (a, w.t(), out, default, torch.randn(64, 512, **bf), 2.0),
              (a, w.t(), out, swap, torch.randn(512, **bf), 1.0), (x, y, out3, split, None, 1.0)]
     for a_, b_, o_, cfg, c, beta in cases:
-        plan = launcher._build_plan(a_, b_, o_, cfg, c, beta)
+        plan = launcher._build_plan(a_, b_, o_, cfg, c, 1.0, beta)
         assert plan.config is not None, launcher.unsupported_reason(a_, b_, o_, cfg, c, beta)
+        assert (plan.library is not None) == (c is None and a_.dim() == 2)  # a plain 2D mm
         try:
             launcher._launch(plan, a_, b_, o_, c, 1.0, beta)
         except Exception as e:  # no GPU: loading the compiled kernel is as far as it gets
@@ -355,3 +356,61 @@ def test_gpu_unaligned_pointer_and_fp32_fall_back():
     out32 = torch.empty(64, 512, device="cuda")
     quack_mm_out(a32, b32, out32, cfg)
     assert torch.equal(out32, torch.mm(a32, b32))
+
+
+BUILD_PLAIN_LIBRARIES = textwrap.dedent("""
+    import json, sys
+    from cutetune.tuner.compile import configure_gpu_blind
+    configure_gpu_blind("sm90", sys.argv[1])
+    from cutetune.space.config import KernelConfig
+    from cutetune.space.problem import GemmProblem
+    from cutetune.tuner import gemm_library
+    for fields, majors in json.loads(sys.argv[2]):
+        problem = GemmProblem(256, 256, 256, a_major=majors[0], b_major=majors[1])
+        gemm_library.build_library(problem, KernelConfig(**fields))
+""")
+
+LAUNCH_PLAIN_LIBRARIES = textwrap.dedent("""
+    import json, sys, torch
+    from cutetune.space.config import KernelConfig
+    from cutetune.tuner import launcher
+    g = torch.Generator(device="cuda").manual_seed(0)
+    out = {"via": [], "errors": []}
+    for fields, majors in json.loads(sys.argv[1]):
+        m, n, k = 1000, 1536, 2048  # ragged against the tiles
+        rand = lambda *s: torch.randn(*s, generator=g, device="cuda", dtype=torch.bfloat16)
+        a = rand(m, k) if majors[0] == "k" else rand(k, m).t()
+        b = rand(k, n) if majors[1] == "n" else rand(n, k).t()
+        d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        for _ in range(2):  # the first launch loads the library, the second replays it
+            launcher.quack_mm_out(a, b, d, KernelConfig(**fields))
+        ref = a.float() @ b.float()
+        out["errors"].append(((d.float() - ref).norm() / ref.norm()).item())
+        out["via"] += [p.via for p in launcher._plans.values() if p.via]
+        launcher._plans.clear()
+    out["imported"] = [name for name in ("cutlass", "quack") if name in sys.modules]
+    print(json.dumps(out))
+""")
+
+
+@gpu
+def test_gpu_mm_runs_from_its_library_without_quack(tmp_path):
+    """Plain mm libraries built GPU-blind in another process (as the compile helper builds
+    them) run right for quack's default config (2x1 cluster), a swap_ab config and an "m"-major
+    A with an "n"-major B, in a fresh process that imports neither quack nor cutlass."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    jobs = [(quack_default_config("sm90"), "kk"), (GPU_CONFIGS[1], "kk"),
+            (GPU_CONFIGS[1], "mn"), (quack_default_config("sm90"), "mn")]
+    spec = json.dumps([(c.to_dict(), m) for c, m in jobs])
+    for script, args in ((BUILD_PLAIN_LIBRARIES, [str(tmp_path / "quack"), spec]),
+                         (LAUNCH_PLAIN_LIBRARIES, [spec])):
+        res = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+                             text=True, timeout=600, env=dict(os.environ))
+        assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["imported"] == [] and got["via"] == ["library"] * len(jobs), got
+    assert max(got["errors"]) < 1e-2, got

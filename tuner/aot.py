@@ -167,6 +167,18 @@ def epi_plan_arguments(plan) -> dict:
     return {"b_kn": bool(plan.b_kn), "swapped": bool(plan.swapped), "tail": tail}
 
 
+def gemm_plan_arguments(plan, swapped: bool) -> dict:
+    """What quack's plain GEMM (``quack.gemm.run_gemm_plan``) passes to the compiled function
+    besides A, B, D and C, for a plan with nothing per call (static epilogue and scheduler, no
+    split-K); AotError otherwise. Unswapped, B goes (K, N) as is; swapped (``swap_ab``), the
+    kernel's A is B^T, its B is A and its D is D^T."""
+    if plan.epi_static is None or plan.scheduler_static is None or plan.split_k != 1 \
+            or plan.use_d_as_c:
+        raise AotError("the plan has per-call launch arguments")
+    tail = _wire((plan.epi_static, plan.scheduler_static, None, None, None))
+    return {"b_kn": not swapped, "swapped": swapped, "d_transposed": swapped, "tail": tail}
+
+
 def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
@@ -218,11 +230,11 @@ def link(obj: Path, so: Path) -> None:
         raise AotError(f"linking failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
 
 
-def build(key: str, make_plan) -> Path:
-    """Compile with quack (``make_plan()`` returns the EpiPlan, built while quack's kernel cache
+def build(key: str, make_plan, arguments=epi_plan_arguments) -> Path:
+    """Compile with quack (``make_plan()`` returns the plan, built while quack's kernel cache
     points at a scratch folder, so its one object file is this kernel's), link, record the
-    launch arguments; the JSON file's path. Needs quack imported in a GPU-blind process
-    (``compile.configure_gpu_blind``)."""
+    launch arguments (``arguments(plan)``: an EpiPlan's by default); the JSON file's path.
+    Needs quack imported in a GPU-blind process (``compile.configure_gpu_blind``)."""
     import quack.cache as qcache
     from quack.cache.jit import EXPORT_FUNC_NAME
 
@@ -238,7 +250,7 @@ def build(key: str, make_plan) -> Path:
         objs = sorted(Path(tmp).rglob("*.o"))
         if len(objs) != 1:
             raise AotError(f"expected one object file from quack's compile, found {len(objs)}")
-        args = epi_plan_arguments(plan)
+        args = arguments(plan)
         _write_atomic(object_path(key), objs[0].read_bytes())
     _install(key, json.dumps({"format": FORMAT, "function": EXPORT_FUNC_NAME,
                               "library": so.name, **args}).encode())
@@ -307,7 +319,8 @@ def install_packaged(key: str, package: Path) -> bool:
 
 # ---------------------------------------------------------------- running (tvm_ffi only)
 class Library:
-    """A loaded kernel: ``launch(a, b, d, c)`` with ``b`` as (K, N), quack's logical B."""
+    """A loaded kernel: ``launch(a, b, d, c)`` with ``b`` as (K, N), quack's logical B, and
+    ``d`` as the caller's output."""
 
     def __init__(self, key: str, device, cluster_size: int) -> None:
         so, meta_path = library_paths(key)
@@ -319,6 +332,7 @@ class Library:
 
             self.fn = tvm_ffi.load_module(str(so))[meta["function"]]
             self.b_kn, self.swapped = meta["b_kn"], meta["swapped"]
+            self.d_transposed = meta.get("d_transposed", False)
             self.tail = _fill(meta["tail"], lambda: max_active_clusters(device, cluster_size))
         except (OSError, ValueError, KeyError, RuntimeError, AttributeError) as e:
             raise AotError(f"{meta_path}: {type(e).__name__}: {e}") from e
@@ -328,7 +342,22 @@ class Library:
             b = b.mT
         if self.swapped:
             a, b = b, a
+        if self.d_transposed:
+            d, c = d.mT, None if c is None else c.mT
         self.fn(a, b, d, c, *self.tail)
+
+
+def load(key: str, device, cluster_size: int, what: str) -> Library | None:
+    """The library ``key`` when it is built (or linked from prebuilt objects) and loads, else
+    None: the caller launches through quack instead (one that does not load is reported,
+    naming ``what`` kernel it holds)."""
+    if not ensure_library(key):
+        return None
+    try:
+        return Library(key, device, cluster_size)
+    except AotError as e:
+        log.warning("cutetune: %s's library did not load (%s); using quack", what, e)
+        return None
 
 
 def _fill(value, clusters):

@@ -85,8 +85,7 @@ from . import aot, launcher, swiglu, template_cache
 from .fusion_pass import SwigluFusionPass
 from .heuristics import Heuristics, HeuristicsError, ModelHeuristics, PackagedHeuristics
 from .measure import environment
-from .executor import signature_class
-from .prefetch import KernelPrefetcher
+from .prefetch import KernelPrefetcher, is_library, kernel_key
 from .triton_timings import append_row, sweep_row
 
 log = logging.getLogger(__name__)
@@ -348,9 +347,9 @@ class CuteTuneChoices(InductorChoices):
             return super().get_template_configs(*args)
         log.info("cutetune %s %s: %s%s", self.mode, op, d.reason,
                  "".join(f" {c.short()}" for c in d.configs))
-        if d.configs:  # the first launch needs quack: import it while the compile goes on
-            launcher.import_quack_in_background()
         prefetching = self.mode == "reduced" and _prefetch_for is not None
+        if any(_needs_quack(op, problem, c, prefetching) for c in d.configs):
+            launcher.import_quack_in_background()  # the first launch needs it: import it now
         if prefetching:
             self.prefetch_graph(problem.arch)
         choices = []
@@ -370,7 +369,7 @@ class CuteTuneChoices(InductorChoices):
                                  config=launcher.config_tuple(c), **extra)
             caller.description = c.short()
             if prefetching and op != "addmm":  # the kernels the prefetcher builds
-                caller.cutetune_kernel = signature_class(problem, c)
+                caller.cutetune_kernel = (problem.arch, kernel_key(problem, c))
             choices.append(caller)
         return choices
 
@@ -701,18 +700,30 @@ _PREFETCHERS: dict[str, KernelPrefetcher] = {}
 PREFETCH_WAIT_S = 60.0
 
 
+def _needs_quack(op: str, problem: GemmProblem, config: KernelConfig, prefetching: bool) -> bool:
+    """Whether a node's kernel will launch through quack (which this process must then
+    import) rather than from its TVM-FFI library: built already, or to be built by the
+    prefetcher (``prefetch.kernel_key``)."""
+    if op != "mm":
+        return True
+    key = kernel_key(problem, config)
+    return not (is_library(key) and (prefetching or aot.library_ready(key[1])))
+
+
 def await_prefetched(choices: list) -> list:
     """Inductor preprocessing hook (reduced mode), run on each node's choices just before they
-    are benchmarked: import quack here (the benchmark needs it; meanwhile the workers compile),
-    then wait for the node's kernels that the workers are still building and that are not in
-    quack's disk cache already, rather than build them one by one in this process (the wait
-    is logged). Choices pass through unchanged."""
-    keys = [k for k in (getattr(c, "cutetune_kernel", None) for c in choices) if k]
-    if keys and _prefetch_for is not None:
+    are benchmarked: import quack here if a kernel launches through it (meanwhile the workers
+    compile), then wait for the node's kernels that the workers are still building and that
+    are not built already, rather than build them one by one in this process (the wait is
+    logged). Choices pass through unchanged."""
+    kernels = [k for k in (getattr(c, "cutetune_kernel", None) for c in choices) if k]
+    if kernels and _prefetch_for is not None:
+        keys = [key for _, key in kernels]
         try:
-            launcher.import_quack()
+            if not all(is_library(k) for k in keys):
+                launcher.import_quack()
             t0 = time.perf_counter()
-            ready = _prefetch_for(keys[0][0]).wait_for(keys, timeout=PREFETCH_WAIT_S)
+            ready = _prefetch_for(kernels[0][0]).wait_for(keys, timeout=PREFETCH_WAIT_S)
             log.info("cutetune: waited %.2f s for the compile helper's %d kernels of a node%s",
                      time.perf_counter() - t0, len(keys), "" if ready else " (timed out)")
         except Exception as e:  # noqa: BLE001  (the benchmark compiles what is missing)

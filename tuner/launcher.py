@@ -27,6 +27,8 @@ from cutetune.space.config import KernelConfig
 from cutetune.space.problem import TMA_ALIGN_BYTES, GemmProblem, ProblemError
 from cutetune.space.rules import violations
 
+from . import gemm_library
+
 log = logging.getLogger(__name__)
 
 TORCH_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -151,38 +153,45 @@ def device_arch(device: torch.device) -> str | None:
 
 
 class _Plan:
-    """What one metadata key resolved to: quack's config and, after the first launch, its
-    dispatch plan. ``config is None`` means this key runs on ATen."""
+    """What one metadata key resolved to: quack's config, the key of the kernel's TVM-FFI
+    library where one can serve it (``gemm_library``) and, after the first launch, how it runs:
+    ``run(a, b, out)`` from that library, else quack's dispatch plan (``via`` says which).
+    ``config is None`` means this key runs on ATen."""
 
-    __slots__ = ("config", "quack_config", "addend", "dispatch")
+    __slots__ = ("config", "quack_config", "addend", "library", "run", "dispatch", "via")
 
     def __init__(self, config: KernelConfig | None, arch: str | None = None,
-                 addend: str | None = None) -> None:
+                 addend: str | None = None, library: str | None = None) -> None:
         self.config = config
         self.quack_config = config.to_quack(arch) if config is not None else None
-        self.addend = addend
-        self.dispatch = None
+        self.addend, self.library = addend, library
+        self.run = self.dispatch = self.via = None
 
 
 _ATEN = _Plan(None)
 _plans: dict[tuple, _Plan] = {}
 
 
-def unsupported_reason(a, b, out, config, c=None, beta: float = 1.0) -> str | None:
-    """Why quack cannot run this call of ``quack_mm_out`` (from metadata: base pointers are
-    checked on each call), or None when it can."""
-    config = as_config(config)
+def _call_problem(a, b, out, config: KernelConfig, c, beta) -> GemmProblem:
+    """The GemmProblem of a ``quack_mm_out`` call, or ProblemError naming why quack cannot run
+    it (from metadata: base pointers are checked on each call)."""
     arch = device_arch(a.device)
+    if b.device != a.device or out.device != a.device:
+        raise ProblemError("operands are on different devices")
+    problem = gemm_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype, out.dtype, arch)
+    check_out(out.shape, out.stride(), out.dtype)
+    if c is not None:
+        if a.dim() != 2:
+            raise ProblemError("an addend is for addmm (2D operands) only")
+        addend_kind(c.shape, c.stride(), c.dtype, out.dtype, problem.m, problem.n, beta)
+    check_config(config, arch, problem)
+    return problem
+
+
+def unsupported_reason(a, b, out, config, c=None, beta: float = 1.0) -> str | None:
+    """Why quack cannot run this call of ``quack_mm_out``, or None when it can."""
     try:
-        if b.device != a.device or out.device != a.device:
-            raise ProblemError("operands are on different devices")
-        problem = gemm_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype, out.dtype, arch)
-        check_out(out.shape, out.stride(), out.dtype)
-        if c is not None:
-            if a.dim() != 2:
-                raise ProblemError("an addend is for addmm (2D operands) only")
-            addend_kind(c.shape, c.stride(), c.dtype, out.dtype, problem.m, problem.n, beta)
-        check_config(config, arch, problem)
+        _call_problem(a, b, out, as_config(config), c, beta)
     except ProblemError as e:
         return str(e)
     return None
@@ -196,14 +205,19 @@ def check_config(config: KernelConfig, arch: str, problem: GemmProblem) -> None:
                            f"{', '.join(r.name for r in bad)} on {arch}")
 
 
-def _build_plan(a, b, out, config: KernelConfig, c, beta) -> _Plan:
-    reason = unsupported_reason(a, b, out, config, c, beta)
-    if reason is not None:
-        log.info("cutetune: ATen for %s @ %s (%s)", tuple(a.shape), tuple(b.shape), reason)
+def _build_plan(a, b, out, config: KernelConfig, c, alpha, beta) -> _Plan:
+    try:
+        problem = _call_problem(a, b, out, config, c, beta)
+    except ProblemError as e:
+        log.info("cutetune: ATen for %s @ %s (%s)", tuple(a.shape), tuple(b.shape), e)
         return _ATEN
     addend = None if c is None else addend_kind(c.shape, c.stride(), c.dtype, out.dtype,
                                                 a.shape[0], b.shape[1], beta)
-    return _Plan(config, device_arch(a.device), addend)
+    library = None
+    if addend is None and alpha == 1 and a.dim() == 2 \
+            and gemm_library.unsupported_reason(problem, config) is None:
+        library = gemm_library.library_key(problem, config)
+    return _Plan(config, problem.arch, addend, library)
 
 
 def _aligned(*tensors) -> bool:
@@ -299,6 +313,31 @@ def quack_kernel(config: KernelConfig, arch: str):
     return lambda a, b, out: _launch(plan, a, b, out, None, 1.0, 1.0)
 
 
+def quack_dispatch_plan(config: KernelConfig, arch: str, a, b, out):
+    """quack's dispatch plan of ``a @ b`` into ``out`` for ``config``, after launching it as
+    ``quack_kernel`` does (``gemm_library`` builds libraries through this very call)."""
+    plan = _Plan(config, arch)
+    _launch(plan, a, b, out, None, 1.0, 1.0)
+    return plan.dispatch
+
+
+def _first_launch(plan: _Plan, a, b, out, c, alpha, beta) -> None:
+    """Launch from the kernel's library where it has one built and it runs, else through quack
+    (a failure there too reaches ``launch_first``, which retires the call to ATen)."""
+    run = None if plan.library is None else gemm_library.runner(plan.config, plan.library,
+                                                                a.device)
+    if run is not None:
+        try:
+            run(a, b, out)
+            plan.run, plan.via = run, "library"
+            return
+        except Exception as e:  # noqa: BLE001
+            log.warning("cutetune: the kernel's library failed (%s: %s); using quack",
+                        type(e).__name__, e)
+    _launch(plan, a, b, out, c, alpha, beta)
+    plan.via = "quack"
+
+
 def quack_mm_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config,
                  c: torch.Tensor | None = None, alpha: float = 1.0,
                  beta: float = 1.0) -> torch.Tensor:
@@ -315,13 +354,16 @@ def quack_mm_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config,
            None if c is None else (c.shape, c.stride(), c.dtype), alpha, beta)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plans[key] = _build_plan(a, b, out, as_config(config), c, beta)
+        plan = _plans[key] = _build_plan(a, b, out, as_config(config), c, alpha, beta)
     if plan.config is None or out.numel() == 0 or not _aligned(a, b, out, c):
         return _aten(a, b, out, c, alpha, beta)
+    if plan.run is not None:
+        plan.run(a, b, out)
+        return out
     if plan.dispatch is not None:
         _launch(plan, a, b, out, c, alpha, beta)
         return out
-    if not launch_first(lambda: _launch(plan, a, b, out, c, alpha, beta),
+    if not launch_first(lambda: _first_launch(plan, a, b, out, c, alpha, beta),
                         f"quack config {plan.config.short()} on {tuple(a.shape)} @ "
                         f"{tuple(b.shape)}"):
         _plans[key] = _ATEN

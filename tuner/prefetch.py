@@ -3,13 +3,14 @@
 In reduced mode Inductor benchmarks each GEMM node's top-k quack configs in this process, one
 node after another; each cold config compiles on its first call (1.2-2.7 s apiece). The
 prefetcher hands every kernel a graph will need to GPU-blind compile processes as soon as the
-first node is lowered, so they compile at once while Inductor lowers and benchmarks. The
-rendezvous is quack's disk cache: a worker compiles under the kernel's exclusive file lock and
-exports the object file, which this process's first launch of the config loads (about 1 ms).
-Before a node's benchmark, Inductor's preprocessing hook (``inductor.await_prefetched``) waits
+first node is lowered, so they compile at once while Inductor lowers and benchmarks. A plain mm
+kernel is built as a TVM-FFI library (``gemm_library``), which this process's first launch
+loads without importing quack; any other kernel goes to quack's disk cache (a worker compiles
+under the kernel's exclusive file lock and exports the object file, which this process's first
+launch of the config loads through quack, about 1 ms). Before a node's benchmark, Inductor's preprocessing hook (``inductor.await_prefetched``) waits
 for that node's kernels still being built: left to itself, this process reached most kernels
 before the workers had started and compiled them one by one (7 of 8 at M=16 in
-data/bench/e2e_h200_recheck.json). A kernel already in quack's disk cache is not waited for: the
+data/bench/e2e_h200_recheck.json). A kernel built already is not waited for: the
 helper reports it only once its own imports are done, which cost a warm compile 8-14 s on the
 H200 host (data/reports/gpu/h200_1gpu/session.log, call a against call c). A kernel whose worker
 failed or timed out is compiled here as before, so a slow or broken prefetcher never changes
@@ -47,7 +48,7 @@ import warnings
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
 
-from . import aot, launcher, swiglu
+from . import aot, gemm_library, launcher, swiglu
 from .compile import compile_kernel, configure_gpu_blind, kernel_object_path
 from .executor import signature_class
 from .launcher import TORCH_DTYPE_OF
@@ -69,15 +70,29 @@ _REPORTED = 3  # a build's exit status when it reported its own failure
 log = logging.getLogger(__name__)
 
 
+def kernel_key(problem: GemmProblem, config: KernelConfig) -> tuple:
+    """What the prefetcher files a plain kernel under: ``("library", key)`` where the helper
+    builds it as a TVM-FFI library (``gemm_library``; it needs a C compiler to link), which
+    launches without quack; else its ``signature_class``, for quack's disk cache."""
+    if aot.can_link() and gemm_library.unsupported_reason(problem, config) is None:
+        return ("library", gemm_library.library_key(problem, config))
+    return signature_class(problem, config)
+
+
+def is_library(key: tuple) -> bool:
+    return key[0] == "library"
+
+
 def default_workers() -> int:
     """Enough for a graph's top-k kernels of a few distinct GEMM shapes, a core left over."""
     return max(1, min(16, (os.cpu_count() or 2) - 1))
 
 
 class KernelPrefetcher:
-    """Submit (problem, config) kernels for compilation into quack's disk cache, and fused
-    SwiGLU kernels for their TVM-FFI libraries (``submit_swiglu``); each distinct kernel
-    (``signature_class``, or the library's key) is submitted once per process."""
+    """Submit (problem, config) kernels for their TVM-FFI libraries or, where they cannot have
+    one, for compilation into quack's disk cache (``kernel_key``), and fused SwiGLU kernels
+    for their libraries (``submit_swiglu``); each distinct kernel is submitted once per
+    process, and a library built already not at all."""
 
     def __init__(self, arch: str, workers: int | None = None, cache_dir: str | None = None):
         self.arch, self.workers = arch, workers or default_workers()
@@ -155,7 +170,12 @@ class KernelPrefetcher:
         """Queue the kernels of ``(problem, config)`` pairs not queued before; how many."""
         jobs = []
         for problem, config in kernels:
-            key = signature_class(problem, config)
+            key = kernel_key(problem, config)
+            if is_library(key):
+                self._paths.setdefault(key, aot.library_paths(key[1])[1])
+                if not self._paths[key].exists():
+                    jobs.append((key, ["gemm_library", problem.to_dict(), config.to_dict()]))
+                continue
             self._kernels.setdefault(key, (problem, config))
             jobs.append((key, ["gemm", problem.to_dict(), config.to_dict()]))
         return self._queue(jobs)
@@ -218,10 +238,10 @@ class KernelPrefetcher:
         return self.stats()
 
     def wait_for(self, keys, timeout: float | None = None) -> bool:
-        """Block until each of these kernels (``signature_class`` keys) is reported by the
-        helper or is in quack's disk cache already (another process built it, or the helper,
-        which only reports once its own start is over), or the timeout passed; keys never
-        submitted are not waited for. True if none is left waiting. Needs quack imported in
+        """Block until each of these kernels (``kernel_key`` keys) is reported by the helper or
+        is built already (another process built it, or the helper, which only reports once its
+        own start is over), or the timeout passed; keys never submitted are not waited for.
+        True if none is left waiting. A kernel for quack's disk cache needs quack imported in
         this process (the object file's path is quack's key)."""
         def ready():
             with self._lock:
@@ -350,8 +370,11 @@ def _close_inherited(keep: tuple[int, ...]) -> None:
 
 def _job(arch: str, kind: str, *payload):
     """(whether it is built already, how to build it) for one job line of ``serve``."""
-    if kind == "gemm":
+    if kind in ("gemm", "gemm_library"):
         problem, config = GemmProblem(**payload[0]), KernelConfig.from_dict(payload[1])
+        if kind == "gemm_library":
+            return (aot.library_ready(gemm_library.library_key(problem, config)),
+                    lambda: gemm_library.build_library(problem, config))
         return (kernel_object_path(problem, config).exists(),
                 lambda: compile_kernel(problem, config))
     config, dtype, majors = (KernelConfig.from_dict(payload[0]), TORCH_DTYPE_OF[payload[1]],
@@ -365,10 +388,10 @@ def serve(arch: str, workers: int, jobs: int, reports) -> None:
     GPU-blind set-up and quack's import took: the rest of the time to that line, in the
     caller's timeline, is the fork), then read ``[id, kind, ...]`` job lines from the
     descriptor ``jobs`` (``gemm``: a kernel into quack's disk cache; ``swiglu``: a fused
-    kernel's TVM-FFI library); report ``cached ID`` for one built already, else build it in a
-    child forked from this process, at most ``workers`` at a time (reporting ``started
-    ID``), and ``done ID`` or ``failed ID why`` as each ends (a build past JOB_TIMEOUT_S is
-    killed). Reports are lines written to the text stream ``reports``. Exits after its input
+    kernel's TVM-FFI library; ``gemm_library``: a plain kernel's); report ``cached ID`` for one
+    built already, else build it in a child forked from this process, at most ``workers`` at
+    a time (reporting ``started ID``), and ``done ID`` or ``failed ID why`` as each ends (a
+    build past JOB_TIMEOUT_S is killed). Reports are lines written to the text stream ``reports``. Exits after its input
     closes and its children end. SIGTERM: children finish their kernel (a kernel is written
     whole or not at all), queued ones are dropped."""
     def report(line: str) -> None:
@@ -385,6 +408,8 @@ def serve(arch: str, workers: int, jobs: int, reports) -> None:
     import quack.gemm_runtime.host  # noqa: F401
 
     import cutetune.tuner.quack_epilogues  # noqa: F401
+
+    launcher.import_quack()  # what a plain kernel's library is built through
 
     gc.freeze()  # and each kernel's child leaves the imports' objects alone
     report(f"imported gpu_blind={t1 - t0:.2f} quack={time.perf_counter() - t1:.2f}")

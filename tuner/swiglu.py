@@ -198,12 +198,8 @@ def _build_pending(plan: _Plan, device: torch.device) -> bool:
 def _library_runner(config: KernelConfig, key: str, device):
     """``run`` through the kernel's TVM-FFI library ``key`` when it is built (or linked from
     prebuilt objects), else None."""
-    if not aot.ensure_library(key):
-        return None
-    try:
-        lib = aot.Library(key, device, config.cluster_m * config.cluster_n)
-    except aot.AotError as e:
-        log.warning("cutetune: the fused kernel's library did not load (%s); using quack", e)
+    lib = aot.load(key, device, config.cluster_size, "the fused kernel")
+    if lib is None:
         return None
     log.info("cutetune: fused SwiGLU %s runs from its TVM-FFI library", config.short())
     return lambda a, b, gate, out: lib.launch(a, b, out, gate)

@@ -1,0 +1,96 @@
+"""Plain GEMM kernels as TVM-FFI libraries (``aot.py``), so a process launches them without
+importing quack or cutlass.
+
+In reduced mode the compile helper builds each prefetched plain mm kernel as a library: Inductor's
+benchmark and the compiled model then load it in milliseconds, where quack's path cost the
+compiling process quack's import (2.5-4.2 s on the H200 host, ``launcher_log`` in
+data/bench/e2e_h200_1gpu_fork*.json), on the critical path of a compile whose kernels were all
+built. The library holds the kernel quack's ``_gemm_execute`` would compile for the call, built
+through that same entry point (``launcher``'s) on CPU tensors with the launch left out, so the
+two cannot disagree on the compiled signature or the launch arguments.
+
+Only what has nothing per call qualifies: a 2D mm without addend or alpha, no split-K, and no
+sm90 dynamic scheduler (a per-call semaphore); everything else stays on quack's path.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from cutetune.space.config import KernelConfig
+from cutetune.space.problem import GemmProblem
+
+from . import aot
+
+def unsupported_reason(problem: GemmProblem, config: KernelConfig) -> str | None:
+    """Why this plain mm's kernel cannot run from a library (None: it can)."""
+    if problem.batch != 1:
+        return "a batched GEMM"
+    if config.split_k != 1:
+        return "split-K allocates buffers per call"
+    if config.is_dynamic_persistent and problem.arch == "sm90":
+        return "sm90's dynamic scheduler takes a semaphore per call"
+    return None
+
+
+def library_spec(problem: GemmProblem, config: KernelConfig) -> dict:
+    """What the kernel's library is (``aot.kernel_key``'s spec): the kernel serves every M, N
+    and K of these dtypes and operand majors."""
+    return {"kind": f"gemm-{problem.a_major}{problem.b_major}", "config": config.to_dict(),
+            "arch": problem.arch, "dtype": problem.dtype, "out_dtype": problem.out_dtype}
+
+
+def library_key(problem: GemmProblem, config: KernelConfig) -> str:
+    return aot.kernel_key(library_spec(problem, config))
+
+
+@contextmanager
+def _plan_only(clusters: int):
+    """While it holds, quack's plain GEMM builds its plan (compiling the kernel) and launches
+    nothing, and its query of the active clusters answers ``clusters`` (no GPU to ask)."""
+    import quack.gemm as qgemm
+
+    run, ask = qgemm.run_gemm_plan, qgemm.get_max_active_clusters
+    qgemm.run_gemm_plan = lambda *args, **kwargs: None
+    qgemm.get_max_active_clusters = lambda *args, **kwargs: clusters
+    try:
+        yield
+    finally:
+        qgemm.run_gemm_plan, qgemm.get_max_active_clusters = run, ask
+
+
+def _cpu_plan(problem: GemmProblem, config: KernelConfig, clusters: int):
+    """quack's launch plan of the kernel, through ``launcher``'s own call of quack, in a
+    process made GPU-blind by ``compile.configure_gpu_blind``. The kernel is compiled for
+    symbolic sizes, so small CPU tensors of the problem's dtype and majors stand for every
+    problem."""
+    from . import launcher
+
+    dtype = launcher.TORCH_DTYPE_OF[problem.dtype]
+    m, n, k = 256, 256, 128
+    a = torch.empty(m, k, dtype=dtype) if problem.a_major == "k" else \
+        torch.empty(k, m, dtype=dtype).t()
+    b = torch.empty(k, n, dtype=dtype) if problem.b_major == "n" else \
+        torch.empty(n, k, dtype=dtype).t()
+    with _plan_only(clusters):
+        return launcher.quack_dispatch_plan(config, problem.arch, a, b,
+                                            torch.empty(m, n, dtype=dtype))
+
+
+def build_library(problem: GemmProblem, config: KernelConfig) -> float:
+    """Compile the kernel with quack and keep it as a TVM-FFI library (``aot.build``), in a
+    GPU-blind process; seconds taken."""
+    t0 = time.perf_counter()
+    aot.build(library_key(problem, config),
+              lambda: _cpu_plan(problem, config, aot.CLUSTERS_SENTINEL),
+              lambda plan: aot.gemm_plan_arguments(plan, config.swap_ab))
+    return time.perf_counter() - t0
+
+
+def runner(config: KernelConfig, key: str, device):
+    """``run(a, b, out)`` through the library ``key`` when it is built and loads, else None."""
+    lib = aot.load(key, device, config.cluster_size, "the kernel")
+    return None if lib is None else (lambda a, b, out: lib.launch(a, b, out, None))
