@@ -441,7 +441,8 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
   library)
     timeout 300 python -m pytest -m gpu tests/test_launcher.py tests/test_inductor.py \
       tests/test_swiglu.py -k "library or forked or compiled_llama_mlp or predicted_mode or \
-cuda_graphs" -q -p no:cacheprovider 2>&1 | tail -n 30 | tee "$E2E/gpu_tests_$CALL.log"
+cuda_graphs" -q --tb=short -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.full.log" \
+      | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -n 40 | tee "$E2E/gpu_tests_$CALL.log"
     bench part_library --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 210)"
     bench part_library_r2 --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \

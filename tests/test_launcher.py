@@ -414,3 +414,29 @@ def test_gpu_mm_runs_from_its_library_without_quack(tmp_path):
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["imported"] == [] and got["via"] == ["library"] * len(jobs), got
     assert max(got["errors"]) < 1e-2, got
+
+
+PLAN_WITHOUT_QUACK = textwrap.dedent("""
+    import json, sys, torch
+    from cutetune.space.config import quack_default_config
+    from cutetune.tuner import launcher
+    launcher.device_arch = lambda device: "sm90"
+    bf = dict(dtype=torch.bfloat16)
+    a, w, out = torch.randn(64, 256, **bf), torch.randn(512, 256, **bf), torch.empty(64, 512, **bf)
+    plan = launcher._build_plan(a, w.t(), out, quack_default_config("sm90"), None, 1.0, 1.0)
+    print(json.dumps([plan.library is not None,
+                      [m for m in ("quack", "cutlass") if m in sys.modules]]))
+""")
+
+
+def test_a_call_is_planned_without_importing_quack():
+    """Planning a call (support checks, the library key) imports neither quack nor cutlass:
+    a call its library serves must not pay their import (seconds) at all."""
+    import json
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", PLAN_WITHOUT_QUACK], capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == [True, []]

@@ -153,19 +153,18 @@ def device_arch(device: torch.device) -> str | None:
 
 
 class _Plan:
-    """What one metadata key resolved to: quack's config, the key of the kernel's TVM-FFI
-    library where one can serve it (``gemm_library``) and, after the first launch, how it runs:
+    """What one metadata key resolved to: the config, the key of the kernel's TVM-FFI library
+    where one can serve it (``gemm_library``) and, after the first launch, how it runs:
     ``run(a, b, out)`` from that library, else quack's dispatch plan (``via`` says which).
     ``config is None`` means this key runs on ATen."""
 
-    __slots__ = ("config", "quack_config", "addend", "library", "run", "dispatch", "via")
+    __slots__ = ("config", "arch", "addend", "library", "run", "quack_config", "dispatch", "via")
 
     def __init__(self, config: KernelConfig | None, arch: str | None = None,
                  addend: str | None = None, library: str | None = None) -> None:
-        self.config = config
-        self.quack_config = config.to_quack(arch) if config is not None else None
-        self.addend, self.library = addend, library
-        self.run = self.dispatch = self.via = None
+        self.config, self.arch, self.addend, self.library = config, arch, addend, library
+        # quack's GemmConfig is made at the first launch through quack: its type imports quack
+        self.run = self.quack_config = self.dispatch = self.via = None
 
 
 _ATEN = _Plan(None)
@@ -289,6 +288,8 @@ def await_background_import() -> None:
 def _launch(plan: _Plan, a, b, out, c, alpha, beta) -> None:
     execute, serial, rn = _quack()
     cfg = plan.config
+    if plan.quack_config is None:
+        plan.quack_config = cfg.to_quack(plan.arch)
     bias = C = None
     if plan.addend == "bias":
         bias = c if c.dim() == 1 else c.select(0, 0)
