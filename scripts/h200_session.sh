@@ -119,6 +119,8 @@
 #      fused libraries, the forked helper, the compiled MLP in every mode, predicted mode and
 #      CUDA graphs; then compile times of max-autotune and reduced at M 4096 8192 with no
 #      prebuilt kernels, reduced with cold and warm caches, twice
+#   library3  the forked helper's GPU test again (after a fix of the test), then the library
+#      case's compile times a third time
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -446,6 +448,12 @@ cuda_graphs" -q --tb=short -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.
     bench part_library --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 210)"
     bench part_library_r2 --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
+      --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
+  library3)
+    timeout 120 python -m pytest -m gpu tests/test_inductor.py -k forked -q --tb=short \
+      -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" \
+      | tee "$E2E/gpu_tests_$CALL.log"
+    bench part_library_r3 --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
   tune)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \

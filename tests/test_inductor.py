@@ -1236,7 +1236,8 @@ def test_gpu_helper_forked_from_a_cuda_process_builds_kernels_that_run_here(tmp_
     monkeypatch.setattr(launcher, "_plans", {})
     launcher.import_quack()
     torch.zeros(1, device="cuda")
-    problem, other = GemmProblem(512, 1024, 2048, b_major="k"), GemmProblem(512, 1024, 2048)
+    problem = GemmProblem(512, 1024, 2048, b_major="k")
+    other = GemmProblem(512, 1024, 2048, b_major="n")  # another kernel: B "n"-major
     pf = KernelPrefetcher(launcher.device_arch(torch.device("cuda")), workers=2,
                           cache_dir=str(tmp_path))
     try:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cutetune.space.config import KernelConfig, quack_default_config
-from cutetune.space.problem import ProblemError
+from cutetune.space.problem import GemmProblem, ProblemError
 from cutetune.tuner import launcher
 from cutetune.tuner.launcher import addend_kind, check_out, gemm_problem, quack_mm_out
 
@@ -440,3 +440,38 @@ def test_a_call_is_planned_without_importing_quack():
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads(res.stdout.strip().splitlines()[-1]) == [True, []]
+
+
+SIGNATURE_AGAINST_QUACK = textwrap.dedent("""
+    import json, sys
+    from cutetune.tuner.compile import configure_gpu_blind, kernel_object_path
+    configure_gpu_blind("sm90", sys.argv[1])
+    from cutetune.space.config import KernelConfig
+    from cutetune.space.problem import GemmProblem
+    from cutetune.tuner import gemm_library
+    out = []
+    for fields, problem in json.loads(sys.argv[2]):
+        config, problem = KernelConfig(**fields), GemmProblem(**problem)  # as a job line reads
+        gemm_library._cpu_plan(problem, config, 1)  # quack's own call compiles into its cache
+        out.append(kernel_object_path(problem, config).exists())
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.compile
+def test_kernel_signature_finds_the_kernel_quacks_own_call_compiled(tmp_path):
+    """The file ``kernel_object_path`` names (where the compile helper's kernel goes, and what
+    reduced mode waits for) is the one quack's own call compiles and looks up, also for a
+    problem read from JSON with an "n"-major B (whose "n" beside D's hashed apart once: quack's
+    key pickles its arguments, and pickle tells equal strings apart by identity)."""
+    import json
+    import subprocess
+    import sys
+
+    jobs = [(GPU_CONFIGS[0], GemmProblem(512, 1024, 2048, b_major="n")),
+            (GPU_CONFIGS[1], GemmProblem(512, 1024, 2048, a_major="m", b_major="n"))]
+    res = subprocess.run([sys.executable, "-c", SIGNATURE_AGAINST_QUACK, str(tmp_path),
+                          json.dumps([(c.to_dict(), p.to_dict()) for c, p in jobs])],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == [True, True]

@@ -14,6 +14,7 @@ made GPU-blind by ``configure_gpu_blind`` before the first compile.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,9 +59,13 @@ def kernel_signature(problem: GemmProblem, config: KernelConfig) -> tuple:
     dt = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
     ab, d = dt[problem.dtype], dt[problem.out_dtype]
     lay = kernel_layout(problem, config)
+    # The cache key is a hash of the arguments' pickle, which writes an object seen before as
+    # a reference to it: equal strings must also be the same objects as in quack's own call
+    # (its literals, interned), or a major read from JSON ("n" beside D's "n") hashes apart.
+    a_major, b_major, d_major = (sys.intern(m) for m in (lay.a_major, lay.b_major, lay.d_major))
     return (
         ab, ab, d, None,                        # a, b, d, c dtypes
-        lay.a_major, lay.b_major, lay.d_major, None,
+        a_major, b_major, d_major, None,
         (config.tile_m, config.tile_n),
         (config.cluster_m, config.cluster_n, 1),
         config.pingpong,
