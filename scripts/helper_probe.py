@@ -118,9 +118,8 @@ def forked(case: str, m: int, arch: str) -> dict:
     import cutetune.tuner.inductor  # noqa: F401  (what enable() has imported)
     from cutetune.space.config import quack_default_config
     from cutetune.space.problem import GemmProblem
-    from cutetune.tuner.executor import signature_class
     from cutetune.tuner.launcher import quack_mm_out
-    from cutetune.tuner.prefetch import KernelPrefetcher
+    from cutetune.tuner.prefetch import KernelPrefetcher, kernel_key
 
     torch.zeros(1, device="cuda")  # CUDA initialized, as in a user's process by then
     n = k = 4096
@@ -133,7 +132,7 @@ def forked(case: str, m: int, arch: str) -> dict:
         _compile_mlp(torch, m)
         out["compile_s"] = time.perf_counter() - t0
     pf.submit([(problem, config)])
-    out["kernel_built"] = pf.wait_for([signature_class(problem, config)], timeout=120)
+    out["kernel_built"] = pf.wait_for([kernel_key(problem, config)], timeout=120)
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
     t1 = time.perf_counter()

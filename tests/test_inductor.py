@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -339,14 +340,14 @@ def test_predicted_gives_one_quack_choice_per_node(fake_gpu, monkeypatch):
         kernels = lower(block, *BLOCK)
     assert len(imports) == 3  # quack's import starts with the first node that chose it
     # with the mm's TVM-FFI library built, its node launches without quack: no import for it
+    monkeypatch.setattr(aot, "can_link", lambda: True)
     key = prefetch.kernel_key(GemmProblem(64, 256, 512, b_major="n"), A)
-    if prefetch.is_library(key):
-        meta = aot.library_paths(key[1])[1]
-        meta.parent.mkdir(parents=True)
-        meta.write_text("{}")
-        with ci.enable("predicted", model=FakeHeuristics()):
-            assert lower(block, *BLOCK) == kernels
-        assert len(imports) == 3 + 2  # the addmm's and the bmm's
+    meta = aot.library_paths(key[1])[1]
+    meta.parent.mkdir(parents=True)
+    meta.write_text("{}")
+    with ci.enable("predicted", model=FakeHeuristics()):
+        assert lower(block, *BLOCK) == kernels
+    assert len(imports) == 3 + 2  # the addmm's and the bmm's
     cfg = launcher.config_tuple(A)
     assert kernels == [(ADDMM, {"config": cfg, "alpha": 1, "beta": 1}), (MM, {"config": cfg}),
                        (MM, {"config": cfg})]
@@ -887,8 +888,9 @@ def test_graph_problems_reads_mm_and_bmm_nodes():
 
     x, w = torch.randn(64, 256, dtype=BF16), torch.randn(512, 256, dtype=BF16)
     y, z = torch.randn(4, 64, 32, dtype=BF16), torch.randn(64, 100, dtype=torch.float32)
+    # a bmm of one batch is left out: its kernel is batched, its problem would read as a mm's
     gm = make_fx(lambda x, w, y, z: ((x @ w.t()) @ w, torch.bmm(y, y.transpose(1, 2)),
-                                     z @ z.t(), x @ w.t()))(x, w, y, z)
+                                     z @ z.t(), x @ w.t(), torch.bmm(y[:1], y[:1].mT)))(x, w, y, z)
     got = ci.graph_problems(gm.graph, "sm90")
     assert [(p.m, p.n, p.k, p.batch, p.a_major, p.b_major) for p in got] == [
         (64, 512, 256, 1, "k", "k"), (64, 256, 512, 1, "k", "n"), (64, 64, 32, 4, "k", "k")]
@@ -1079,15 +1081,16 @@ print(json.dumps({"errors": out, "imported": [m for m in ("cutlass", "quack") if
 
 
 @pytest.mark.compile
-def test_prefetcher_builds_plain_kernel_libraries_without_a_gpu(tmp_path):
+def test_prefetcher_builds_plain_kernel_libraries_without_a_gpu(tmp_path, monkeypatch):
     """With a C compiler, the helper builds each plain mm kernel as a TVM-FFI library (one
     serves every M; a swap_ab config too), which a fresh process loads with tvm_ffi alone
     (no cutlass, no quack) up to the kernel's own argument checks (a CPU tensor is refused);
-    a library built already is not queued again. A batched kernel still goes to quack's
-    disk cache."""
+    a library built already is not queued again. A batched kernel goes to quack's disk cache
+    only."""
     import subprocess
     import sys
 
+    from cutetune.tuner.compile import kernel_object_path
     from cutetune.tuner.prefetch import KernelPrefetcher
 
     if not aot.can_link():
@@ -1097,20 +1100,25 @@ def test_prefetcher_builds_plain_kernel_libraries_without_a_gpu(tmp_path):
     kernels = [(p, default), (GemmProblem(64, 512, 1024, b_major="k"), default), (t, B),
                (GemmProblem(64, 64, 64, batch=4), C)]
     pf = KernelPrefetcher("sm90", workers=2, cache_dir=str(tmp_path / "quack"))
-    try:
-        assert pf.submit(kernels) == 3
+    try:  # another swizzle is a launch argument of the same library
+        assert pf.submit(kernels + [(p, replace(default, max_swizzle_size=1))]) == 3
         assert pf.wait(timeout=300) == {"submitted": 3, "done": 3, "cached": 0, "failed": 0}
     finally:
         pf.close()
     keys = [prefetch.kernel_key(q, c) for q, c in kernels]
     assert [prefetch.is_library(k) for k in keys] == [True, True, True, False]
     assert all(aot.library_ready(k[1]) for k in keys[:3])
-    assert len(list((tmp_path / "quack").rglob("*.o"))) == 1  # the batched kernel's
+    # every kernel's object is also where quack's own path looks, should a library not load
+    assert sorted((tmp_path / "quack").rglob("*.o")) == sorted(
+        {kernel_object_path(q, c, str(tmp_path / "quack")) for q, c in kernels})
     again = KernelPrefetcher("sm90", workers=1, cache_dir=str(tmp_path / "quack"))
     try:
         assert again.submit(kernels[:3]) == 0
     finally:
         again.close()
+    monkeypatch.setattr(aot, "max_active_clusters", lambda device, size: 7)  # no GPU to ask
+    lib = aot.Library(keys[0][1], torch.device("cpu"), default.cluster_size, swizzle=1)
+    assert lib.tail[1][:3] == (7, None, 1)  # clusters, raster order, the swizzle asked for
     res = subprocess.run([sys.executable, "-c", LOAD_PLAIN_WITHOUT_CUTLASS, keys[0][1],
                           keys[2][1]], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -361,12 +361,13 @@ def test_gpu_unaligned_pointer_and_fp32_fall_back():
 BUILD_PLAIN_LIBRARIES = textwrap.dedent("""
     import json, sys
     from cutetune.tuner.compile import configure_gpu_blind
-    configure_gpu_blind("sm90", sys.argv[1])
+    arch = sys.argv[3]
+    configure_gpu_blind(arch, sys.argv[1])
     from cutetune.space.config import KernelConfig
     from cutetune.space.problem import GemmProblem
     from cutetune.tuner import gemm_library
     for fields, majors in json.loads(sys.argv[2]):
-        problem = GemmProblem(256, 256, 256, a_major=majors[0], b_major=majors[1])
+        problem = GemmProblem(256, 256, 256, a_major=majors[0], b_major=majors[1], arch=arch)
         gemm_library.build_library(problem, KernelConfig(**fields))
 """)
 
@@ -403,10 +404,11 @@ def test_gpu_mm_runs_from_its_library_without_quack(tmp_path):
     import subprocess
     import sys
 
-    jobs = [(quack_default_config("sm90"), "kk"), (GPU_CONFIGS[1], "kk"),
-            (GPU_CONFIGS[1], "mn"), (quack_default_config("sm90"), "mn")]
+    arch = launcher.device_arch(torch.device("cuda"))
+    jobs = [(quack_default_config(arch), "kk"), (GPU_CONFIGS[1], "kk"),
+            (GPU_CONFIGS[1], "mn"), (quack_default_config(arch), "mn")]
     spec = json.dumps([(c.to_dict(), m) for c, m in jobs])
-    for script, args in ((BUILD_PLAIN_LIBRARIES, [str(tmp_path / "quack"), spec]),
+    for script, args in ((BUILD_PLAIN_LIBRARIES, [str(tmp_path / "quack"), spec, arch]),
                          (LAUNCH_PLAIN_LIBRARIES, [spec])):
         res = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
                              text=True, timeout=600, env=dict(os.environ))

@@ -518,7 +518,7 @@ def test_a_corrupt_library_is_reported_and_the_call_goes_through_quack(tmp_path,
                                                                       caplog):
     """A library whose shared object does not load (here: not an ELF file) or whose launch
     arguments are not JSON raises AotError naming its file, and the first launch leaves it
-    for quack's path with a warning."""
+    for quack's path with a warning, and removes it to be built again."""
     from cutetune.tuner import aot
 
     monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path))
@@ -535,6 +535,7 @@ def test_a_corrupt_library_is_reported_and_the_call_goes_through_quack(tmp_path,
     with caplog.at_level("WARNING"):
         assert swiglu._library_runner(PLAIN, "k1", torch.device("cpu")) is None
     assert "the fused kernel's library did not load" in caplog.text and "using quack" in caplog.text
+    assert not meta.exists()  # the next build makes it again
 
 
 # ---------------------------------------------------------------- GPU

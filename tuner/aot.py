@@ -23,6 +23,7 @@ the first use links one (milliseconds) instead of compiling it (seconds, and qua
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -176,7 +177,11 @@ def gemm_plan_arguments(plan, swapped: bool) -> dict:
             or plan.use_d_as_c:
         raise AotError("the plan has per-call launch arguments")
     tail = _wire((plan.epi_static, plan.scheduler_static, None, None, None))
-    return {"b_kn": not swapped, "swapped": swapped, "d_transposed": swapped, "tail": tail}
+    # the scheduler's swizzle is a launch argument (not traced): one library serves every
+    # swizzle of a config, the caller's set where the scheduler options hold it
+    swizzle = [1, type(plan.scheduler_static)._fields.index("max_swizzle_size")]
+    return {"b_kn": not swapped, "swapped": swapped, "d_transposed": swapped, "tail": tail,
+            "swizzle_at": swizzle}
 
 
 def _compiler() -> str | None:
@@ -320,9 +325,10 @@ def install_packaged(key: str, package: Path) -> bool:
 # ---------------------------------------------------------------- running (tvm_ffi only)
 class Library:
     """A loaded kernel: ``launch(a, b, d, c)`` with ``b`` as (K, N), quack's logical B, and
-    ``d`` as the caller's output."""
+    ``d`` as the caller's output; ``swizzle``, where the library records where it goes, is the
+    scheduler's swizzle to launch with."""
 
-    def __init__(self, key: str, device, cluster_size: int) -> None:
+    def __init__(self, key: str, device, cluster_size: int, swizzle: int | None = None) -> None:
         so, meta_path = library_paths(key)
         try:
             meta = json.loads(meta_path.read_text())
@@ -333,8 +339,13 @@ class Library:
             self.fn = tvm_ffi.load_module(str(so))[meta["function"]]
             self.b_kn, self.swapped = meta["b_kn"], meta["swapped"]
             self.d_transposed = meta.get("d_transposed", False)
-            self.tail = _fill(meta["tail"], lambda: max_active_clusters(device, cluster_size))
-        except (OSError, ValueError, KeyError, RuntimeError, AttributeError) as e:
+            tail = meta["tail"]
+            if swizzle is not None and "swizzle_at" in meta:
+                arg, field = meta["swizzle_at"]
+                tail[arg][field] = swizzle
+            self.tail = _fill(tail, lambda: max_active_clusters(device, cluster_size))
+        except (OSError, ValueError, KeyError, IndexError, TypeError, RuntimeError,
+                AttributeError, ImportError) as e:
             raise AotError(f"{meta_path}: {type(e).__name__}: {e}") from e
 
     def launch(self, a, b, d, c) -> None:
@@ -347,16 +358,21 @@ class Library:
         self.fn(a, b, d, c, *self.tail)
 
 
-def load(key: str, device, cluster_size: int, what: str) -> Library | None:
+def load(key: str, device, cluster_size: int, what: str,
+         swizzle: int | None = None) -> Library | None:
     """The library ``key`` when it is built (or linked from prebuilt objects) and loads, else
-    None: the caller launches through quack instead (one that does not load is reported,
-    naming ``what`` kernel it holds)."""
+    None: the caller launches through quack instead. One that does not load is reported
+    (naming ``what`` kernel it holds) and its launch arguments are removed, so the next build
+    makes it again (a library links cutlass's runtime by absolute path: an environment
+    recreated elsewhere leaves it dangling)."""
     if not ensure_library(key):
         return None
     try:
-        return Library(key, device, cluster_size)
+        return Library(key, device, cluster_size, swizzle)
     except AotError as e:
         log.warning("cutetune: %s's library did not load (%s); using quack", what, e)
+        with contextlib.suppress(OSError):
+            library_paths(key)[1].unlink()
         return None
 
 

@@ -24,6 +24,8 @@ from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
 
 from . import aot
+from .compile import kernel_object_path
+from .template_cache import _write_atomic
 
 def unsupported_reason(problem: GemmProblem, config: KernelConfig) -> str | None:
     """Why this plain mm's kernel cannot run from a library (None: it can)."""
@@ -38,9 +40,11 @@ def unsupported_reason(problem: GemmProblem, config: KernelConfig) -> str | None
 
 def library_spec(problem: GemmProblem, config: KernelConfig) -> dict:
     """What the kernel's library is (``aot.kernel_key``'s spec): the kernel serves every M, N
-    and K of these dtypes and operand majors."""
-    return {"kind": f"gemm-{problem.a_major}{problem.b_major}", "config": config.to_dict(),
-            "arch": problem.arch, "dtype": problem.dtype, "out_dtype": problem.out_dtype}
+    and K of these dtypes and operand majors, and every swizzle of the config (a launch
+    argument: ``runner`` sets it)."""
+    return {"kind": f"gemm-{problem.a_major}{problem.b_major}",
+            "config": config.compile_key().to_dict(), "arch": problem.arch,
+            "dtype": problem.dtype, "out_dtype": problem.out_dtype}
 
 
 def library_key(problem: GemmProblem, config: KernelConfig) -> str:
@@ -82,15 +86,22 @@ def _cpu_plan(problem: GemmProblem, config: KernelConfig, clusters: int):
 
 def build_library(problem: GemmProblem, config: KernelConfig) -> float:
     """Compile the kernel with quack and keep it as a TVM-FFI library (``aot.build``), in a
-    GPU-blind process; seconds taken."""
+    GPU-blind process, its object file also in quack's disk cache (where quack's own path
+    finds it, should the library not load); seconds taken."""
+    import quack.cache as qcache
+
     t0 = time.perf_counter()
-    aot.build(library_key(problem, config),
-              lambda: _cpu_plan(problem, config, aot.CLUSTERS_SENTINEL),
+    key = library_key(problem, config)
+    aot.build(key, lambda: _cpu_plan(problem, config, aot.CLUSTERS_SENTINEL),
               lambda plan: aot.gemm_plan_arguments(plan, config.swap_ab))
+    if qcache.CACHE_ENABLED:
+        path = kernel_object_path(problem, config)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, aot.object_path(key).read_bytes())
     return time.perf_counter() - t0
 
 
 def runner(config: KernelConfig, key: str, device):
     """``run(a, b, out)`` through the library ``key`` when it is built and loads, else None."""
-    lib = aot.load(key, device, config.cluster_size, "the kernel")
+    lib = aot.load(key, device, config.cluster_size, "the kernel", config.max_swizzle_size)
     return None if lib is None else (lambda a, b, out: lib.launch(a, b, out, None))

@@ -247,8 +247,9 @@ def graph_gemms(graph: torch.fx.Graph, arch: str | None) -> list[GemmProblem]:
             continue
         a, b = (getattr(x, "meta", {}).get("val") for x in node.args[:2])
         out = node.meta.get("val")
-        if not all(isinstance(t, torch.Tensor) for t in (a, b, out)):
-            continue
+        if not all(isinstance(t, torch.Tensor) for t in (a, b, out)) or a.shape[0] == 1 and \
+                node.target == torch.ops.aten.bmm.default:
+            continue  # (a bmm of one batch runs a batched kernel: its problem reads as a mm's)
         try:
             problems.append(launcher.static_gemm_problem(a.shape, a.stride(), b.shape,
                                                          b.stride(), a.dtype, out.dtype, arch))
@@ -368,7 +369,7 @@ class CuteTuneChoices(InductorChoices):
             caller = kernel.bind(kernel_inputs.nodes(), layout,
                                  config=launcher.config_tuple(c), **extra)
             caller.description = c.short()
-            if prefetching and op != "addmm":  # the kernels the prefetcher builds
+            if prefetching and (op == "mm" or problem.batch > 1):  # what the prefetcher builds
                 caller.cutetune_kernel = (problem.arch, kernel_key(problem, c))
             choices.append(caller)
         return choices
@@ -702,12 +703,13 @@ PREFETCH_WAIT_S = 60.0
 
 def _needs_quack(op: str, problem: GemmProblem, config: KernelConfig, prefetching: bool) -> bool:
     """Whether a node's kernel will launch through quack (which this process must then
-    import) rather than from its TVM-FFI library: built already, or to be built by the
-    prefetcher (``prefetch.kernel_key``)."""
+    import) rather than from its TVM-FFI library: built already, or to be built by a
+    prefetcher that is on (``prefetch.kernel_key``)."""
     if op != "mm":
         return True
     key = kernel_key(problem, config)
-    return not (is_library(key) and (prefetching or aot.library_ready(key[1])))
+    building = prefetching and getattr(_prefetch_for(problem.arch), "enabled", True)
+    return not (is_library(key) and (building or aot.library_ready(key[1])))
 
 
 def await_prefetched(choices: list) -> list:

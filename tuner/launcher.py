@@ -325,13 +325,13 @@ def quack_dispatch_plan(config: KernelConfig, arch: str, a, b, out):
 def _first_launch(plan: _Plan, a, b, out, c, alpha, beta) -> None:
     """Launch from the kernel's library where it has one built and it runs, else through quack
     (a failure there too reaches ``launch_first``, which retires the call to ATen)."""
-    run = None if plan.library is None else gemm_library.runner(plan.config, plan.library,
-                                                                a.device)
-    if run is not None:
+    if plan.library is not None:
         try:
-            run(a, b, out)
-            plan.run, plan.via = run, "library"
-            return
+            run = gemm_library.runner(plan.config, plan.library, a.device)
+            if run is not None:
+                run(a, b, out)
+                plan.run, plan.via = run, "library"
+                return
         except Exception as e:  # noqa: BLE001
             log.warning("cutetune: the kernel's library failed (%s: %s); using quack",
                         type(e).__name__, e)
@@ -364,6 +364,10 @@ def quack_mm_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config,
     if plan.dispatch is not None:
         _launch(plan, a, b, out, c, alpha, beta)
         return out
+    if a.is_cuda and torch.cuda.is_current_stream_capturing():
+        # a first launch loads or compiles the kernel, which a CUDA graph being captured may
+        # refuse: this call runs ATen (and the graph keeps it), a later one launches the kernel
+        return _aten(a, b, out, c, alpha, beta)
     if not launch_first(lambda: _first_launch(plan, a, b, out, c, alpha, beta),
                         f"quack config {plan.config.short()} on {tuple(a.shape)} @ "
                         f"{tuple(b.shape)}"):
