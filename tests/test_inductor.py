@@ -8,12 +8,9 @@ import json
 import os
 import pickle
 import statistics
-import subprocess
-import sys
 import textwrap
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -1081,15 +1078,13 @@ print(json.dumps({"errors": out, "imported": [m for m in ("cutlass", "quack") if
 
 
 @pytest.mark.compile
-def test_prefetcher_builds_plain_kernel_libraries_without_a_gpu(tmp_path, monkeypatch):
+def test_prefetcher_builds_plain_kernel_libraries_without_a_gpu(tmp_path, monkeypatch,
+                                                                run_script):
     """With a C compiler, the helper builds each plain mm kernel as a TVM-FFI library (one
     serves every M; a swap_ab config too), which a fresh process loads with tvm_ffi alone
     (no cutlass, no quack) up to the kernel's own argument checks (a CPU tensor is refused);
     a library built already is not queued again. A batched kernel goes to quack's disk cache
     only."""
-    import subprocess
-    import sys
-
     from cutetune.tuner.compile import kernel_object_path
     from cutetune.tuner.prefetch import KernelPrefetcher
 
@@ -1119,10 +1114,7 @@ def test_prefetcher_builds_plain_kernel_libraries_without_a_gpu(tmp_path, monkey
     monkeypatch.setattr(aot, "max_active_clusters", lambda device, size: 7)  # no GPU to ask
     lib = aot.Library(keys[0][1], torch.device("cpu"), default.cluster_size, swizzle=1)
     assert lib.tail[1][:3] == (7, None, 1)  # clusters, raster order, the swizzle asked for
-    res = subprocess.run([sys.executable, "-c", LOAD_PLAIN_WITHOUT_CUTLASS, keys[0][1],
-                          keys[2][1]], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    got = run_script(LOAD_PLAIN_WITHOUT_CUTLASS, keys[0][1], keys[2][1])
     assert got["imported"] == [], got
     assert all("expected device_type=cuda" in e for e in got["errors"]), got
 
@@ -1405,29 +1397,19 @@ TEMPLATE_CACHE_PROCESS = textwrap.dedent("""
 
 
 @gpu
-def test_gpu_template_kernel_cache_serves_a_fresh_inductor_cache(tmp_path):
+def test_gpu_template_kernel_cache_serves_a_fresh_inductor_cache(tmp_path, run_script):
     """Predicted mode's Triton template for a host-bound mm (the test above's), compiled in a
     fresh process by Inductor's compile workers, lands in cutetune's template cache; a second
     fresh process with a fresh Inductor cache (compiling in-process, so that the cache's counts
     are its own) loads it from there instead of compiling it, and runs it correctly."""
-    import os
-
-    script = tmp_path / "run.py"
-    script.write_text(TEMPLATE_CACHE_PROCESS)
-    repo = str(Path(__file__).resolve().parent.parent)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TRITON_CACHE_DIR", "TRITON_CACHE_MANAGER")}
-    env.update(CUTETUNE_TEMPLATE_CACHE_DIR=str(tmp_path / "templates"),
-               PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
     runs = []
     for i, threads in enumerate(("", "1")):  # "": Inductor's default, its compile workers
-        run_env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor{i}")}
+        env = {"CUTETUNE_TEMPLATE_CACHE_DIR": str(tmp_path / "templates"),
+               "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor{i}")}
         if threads:
-            run_env["TORCHINDUCTOR_COMPILE_THREADS"] = threads
-        res = subprocess.run([sys.executable, str(script)], env=run_env, capture_output=True,
-                             text=True, timeout=600)
-        assert res.returncode == 0, res.stderr[-3000:]
-        runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+            env["TORCHINDUCTOR_COMPILE_THREADS"] = threads
+        runs.append(run_script(TEMPLATE_CACHE_PROCESS, env=env,
+                               drop=("TRITON_CACHE_DIR", "TRITON_CACHE_MANAGER")))
     workers, in_process = runs
     assert workers["template_ran"] and workers["stored"] >= 1
     assert in_process["template_ran"] and in_process["loads"] >= 1
@@ -1453,22 +1435,11 @@ FRESH_PROCESS = textwrap.dedent("""
 
 
 @gpu
-def test_gpu_fx_graph_cache_reload_in_fresh_process(tmp_path):
-    import os
-
+def test_gpu_fx_graph_cache_reload_in_fresh_process(tmp_path, run_script):
     path = hz.build(FixedModel(), "sm90", "bf16", grid=Grid()).save(tmp_path / "h.json")
-    script = tmp_path / "run.py"
-    script.write_text(FRESH_PROCESS)
-    repo = str(Path(__file__).resolve().parent.parent)  # the script lives outside the checkout
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
-    runs = []
-    for _ in range(2):
-        res = subprocess.run([sys.executable, str(script), str(path)], env=env,
-                             capture_output=True, text=True, timeout=600)
-        assert res.returncode == 0, res.stderr[-3000:]
-        runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+    runs = [run_script(FRESH_PROCESS, path, env=env) for _ in range(2)]
     assert runs[0]["miss"] >= 1 and runs[1]["hit"] >= 1 and runs[1]["miss"] == 0
     assert all(r["err"] < 2e-2 for r in runs)
     cached = "".join(p.read_text() for p in (tmp_path / "inductor").rglob("*.py"))

@@ -260,27 +260,16 @@ GPU_BLIND_LAUNCHES = textwrap.dedent("""
             launcher._launch(plan, a_, b_, o_, c, 1.0, beta)
         except Exception as e:  # no GPU: loading the compiled kernel is as far as it gets
             print(type(e).__name__, str(e)[:200])
+    print(len(cases))
 """)
 
 
 @pytest.mark.compile
-def test_quack_compiles_each_launch_variant_gpu_blind(tmp_path):
+def test_quack_compiles_each_launch_variant_gpu_blind(tmp_path, run_script):
     """Every operand routing the launcher uses (mm, row bias, C with beta, swap_ab with bias,
     batched split-K) goes through quack's real entry point up to a compiled kernel."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = tmp_path / "launch.py"
-    script.write_text(GPU_BLIND_LAUNCHES)
-    repo = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get(
-        "PYTHONPATH")]))}
     cache = tmp_path / "quack_cache"
-    res = subprocess.run([sys.executable, str(script), str(cache)], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert run_script(GPU_BLIND_LAUNCHES, cache) == 5
     assert len(list(cache.rglob("*.o"))) == 5  # one kernel per variant
 
 
@@ -369,6 +358,7 @@ BUILD_PLAIN_LIBRARIES = textwrap.dedent("""
     for fields, majors in json.loads(sys.argv[2]):
         problem = GemmProblem(256, 256, 256, a_major=majors[0], b_major=majors[1], arch=arch)
         gemm_library.build_library(problem, KernelConfig(**fields))
+    print(json.dumps("built"))
 """)
 
 LAUNCH_PLAIN_LIBRARIES = textwrap.dedent("""
@@ -395,25 +385,18 @@ LAUNCH_PLAIN_LIBRARIES = textwrap.dedent("""
 
 
 @gpu
-def test_gpu_mm_runs_from_its_library_without_quack(tmp_path):
+def test_gpu_mm_runs_from_its_library_without_quack(tmp_path, run_script):
     """Plain mm libraries built GPU-blind in another process (as the compile helper builds
     them) run right for quack's default config (2x1 cluster), a swap_ab config and an "m"-major
     A with an "n"-major B, in a fresh process that imports neither quack nor cutlass."""
     import json
-    import os
-    import subprocess
-    import sys
 
     arch = launcher.device_arch(torch.device("cuda"))
     jobs = [(quack_default_config(arch), "kk"), (GPU_CONFIGS[1], "kk"),
             (GPU_CONFIGS[1], "mn"), (quack_default_config(arch), "mn")]
     spec = json.dumps([(c.to_dict(), m) for c, m in jobs])
-    for script, args in ((BUILD_PLAIN_LIBRARIES, [str(tmp_path / "quack"), spec, arch]),
-                         (LAUNCH_PLAIN_LIBRARIES, [spec])):
-        res = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
-                             text=True, timeout=600, env=dict(os.environ))
-        assert res.returncode == 0, res.stderr[-3000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert run_script(BUILD_PLAIN_LIBRARIES, tmp_path / "quack", spec, arch) == "built"
+    got = run_script(LAUNCH_PLAIN_LIBRARIES, spec)
     assert got["imported"] == [] and got["via"] == ["library"] * len(jobs), got
     assert max(got["errors"]) < 1e-2, got
 
@@ -431,17 +414,10 @@ PLAN_WITHOUT_QUACK = textwrap.dedent("""
 """)
 
 
-def test_a_call_is_planned_without_importing_quack():
+def test_a_call_is_planned_without_importing_quack(run_script):
     """Planning a call (support checks, the library key) imports neither quack nor cutlass:
     a call its library serves must not pay their import (seconds) at all."""
-    import json
-    import subprocess
-    import sys
-
-    res = subprocess.run([sys.executable, "-c", PLAN_WITHOUT_QUACK], capture_output=True,
-                         text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert json.loads(res.stdout.strip().splitlines()[-1]) == [True, []]
+    assert run_script(PLAN_WITHOUT_QUACK) == [True, []]
 
 
 SIGNATURE_AGAINST_QUACK = textwrap.dedent("""
@@ -461,19 +437,14 @@ SIGNATURE_AGAINST_QUACK = textwrap.dedent("""
 
 
 @pytest.mark.compile
-def test_kernel_signature_finds_the_kernel_quacks_own_call_compiled(tmp_path):
+def test_kernel_signature_finds_the_kernel_quacks_own_call_compiled(tmp_path, run_script):
     """The file ``kernel_object_path`` names (where the compile helper's kernel goes, and what
     reduced mode waits for) is the one quack's own call compiles and looks up, also for a
     problem read from JSON with an "n"-major B (whose "n" beside D's hashed apart once: quack's
     key pickles its arguments, and pickle tells equal strings apart by identity)."""
     import json
-    import subprocess
-    import sys
 
     jobs = [(GPU_CONFIGS[0], GemmProblem(512, 1024, 2048, b_major="n")),
             (GPU_CONFIGS[1], GemmProblem(512, 1024, 2048, a_major="m", b_major="n"))]
-    res = subprocess.run([sys.executable, "-c", SIGNATURE_AGAINST_QUACK, str(tmp_path),
-                          json.dumps([(c.to_dict(), p.to_dict()) for c, p in jobs])],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert json.loads(res.stdout.strip().splitlines()[-1]) == [True, True]
+    assert run_script(SIGNATURE_AGAINST_QUACK, tmp_path,
+                      json.dumps([(c.to_dict(), p.to_dict()) for c, p in jobs])) == [True, True]

@@ -403,31 +403,23 @@ print(json.dumps({"err": err, "tail": meta["tail"],
 
 
 @pytest.mark.compile
-def test_fused_kernel_builds_gpu_blind_into_a_library_that_loads_without_cutlass(tmp_path,
-                                                                                monkeypatch):
+def test_fused_kernel_builds_gpu_blind_into_a_library_that_loads_without_cutlass(
+        tmp_path, monkeypatch, run_script):
     """The fused epilogue compiles on a CPU for sm90 (pingpong with a 2x1 cluster; a swap_ab
     config with an "m"-major A, as a transposed activation gives) and is linked into a TVM-FFI
     library; a config quack rejects fails with its reason instead of crashing the process. A
     fresh process loads each library with tvm_ffi alone (no cutlass, no quack) and reaches the
     kernel's own argument checks: a CPU tensor is refused for want of a GPU. Written as a
     package of object files, they link into another cache folder and load the same way."""
-    import os
-    import subprocess
-    import sys
-
     from cutetune.tuner import aot
 
     monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path / "cutetune"))
-    env = dict(os.environ)
     jobs = [(KernelConfig(tile_m=128, tile_n=192, pingpong=True, cluster_m=2), ("k", "k")),
             (KernelConfig(tile_m=128, tile_n=128, pingpong=True, cluster_m=1, cluster_n=2,
                           swap_ab=True), ("m", "n")),
             (KernelConfig(tile_m=256, tile_n=128, pingpong=True), ("k", "k"))]  # M <= 192
-    res = subprocess.run([sys.executable, "-c", BUILD_GPU_BLIND, str(tmp_path / "quack"),
-                          json.dumps([(c.to_dict(), m) for c, m in jobs])],
-                         capture_output=True, text=True, timeout=600, env=env)
-    assert res.returncode == 0, res.stderr[-3000:]
-    results = json.loads(res.stdout.strip().splitlines()[-1])
+    results = run_script(BUILD_GPU_BLIND, tmp_path / "quack",
+                         json.dumps([(c.to_dict(), m) for c, m in jobs]))
     assert [r[0] for r in results] == ["ok", "ok", "error"], results
     assert "CTA tile shape M" in results[2][1]
     keys = [swiglu.library_key(c, "sm90", BF16, m) for c, m in jobs]
@@ -440,11 +432,7 @@ def test_fused_kernel_builds_gpu_blind_into_a_library_that_loads_without_cutlass
     assert not aot.library_ready(keys[0]) and not aot.ensure_library(keys[2], package)
     assert all(aot.ensure_library(k, package) for k in keys[:2])
     for key in keys[:2]:
-        res = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_CUTLASS, key],
-                             capture_output=True, text=True, timeout=300,
-                             env=dict(os.environ))
-        assert res.returncode == 0, res.stderr[-3000:]
-        got = json.loads(res.stdout.strip().splitlines()[-1])
+        got = run_script(LOAD_WITHOUT_CUTLASS, key)
         assert got["imported"] == []
         assert "expected device_type=cuda" in got["err"] and "__call__(mA: Tensor" in got["err"]
         assert aot.CLUSTERS_SENTINEL in got["tail"][1]  # filled from the device at run time
@@ -576,28 +564,18 @@ def test_gpu_fused_kernel_matches_fp32(config, dtype, tmp_path, monkeypatch):
 
 
 @gpu
-def test_gpu_fused_kernel_runs_from_its_library_without_quack(tmp_path, monkeypatch):
+def test_gpu_fused_kernel_runs_from_its_library_without_quack(tmp_path, monkeypatch,
+                                                             run_script):
     """Libraries built GPU-blind in another process (as the compile helper builds them) run
     the fused kernel right for a 2x1 cluster, a swap_ab config and an "m"-major A, with no
     import of quack or cutlass in the process that launches them (checked in a fresh one); the
     cluster count asked of the driver is what quack's own query (cutlass) answers."""
-    import os
-    import subprocess
-    import sys
-
     monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path / "cutetune"))
     jobs = [(GPU_CONFIGS[1], ("k", "k")), (GPU_CONFIGS[3], ("k", "k")), (PLAIN, ("m", "k"))]
-    res = subprocess.run([sys.executable, "-c", BUILD_GPU_BLIND, str(tmp_path / "quack"),
-                          json.dumps([(c.to_dict(), m) for c, m in jobs])],
-                         capture_output=True, text=True, timeout=600, env=dict(os.environ))
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert [r[0] for r in json.loads(res.stdout.strip().splitlines()[-1])] == ["ok"] * 3
-    script = tmp_path / "launch.py"
-    script.write_text(LAUNCH_FROM_LIBRARIES)
-    res = subprocess.run([sys.executable, str(script), json.dumps([c.to_dict() for c, _ in jobs])],
-                         capture_output=True, text=True, timeout=300, env=dict(os.environ))
-    assert res.returncode == 0, res.stderr[-3000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    built = run_script(BUILD_GPU_BLIND, tmp_path / "quack",
+                       json.dumps([(c.to_dict(), m) for c, m in jobs]))
+    assert [r[0] for r in built] == ["ok"] * 3
+    got = run_script(LAUNCH_FROM_LIBRARIES, json.dumps([c.to_dict() for c, _ in jobs]))
     assert got["imported"] == [] and got["via"] == ["library"] * 3, got
     assert max(got["errors"]) < 1e-2, got
     from quack.cute_dsl_utils import get_max_active_clusters
@@ -737,25 +715,13 @@ print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"]
 
 
 @gpu
-def test_gpu_fused_mlp_reloads_from_the_fx_graph_cache_in_a_fresh_process(tmp_path):
+def test_gpu_fused_mlp_reloads_from_the_fx_graph_cache_in_a_fresh_process(tmp_path,
+                                                                            run_script):
     """Generated code that calls cutetune::mm_silu_mul runs after a reload from Inductor's
     FX-graph cache in a fresh process (enable() registers the op before the code runs)."""
-    import os
-    import subprocess
-    import sys
-
-    script = tmp_path / "run.py"
-    script.write_text(FRESH_PROCESS)
-    repo = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
-    runs = []
-    for _ in range(2):
-        res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                             text=True, timeout=600)
-        assert res.returncode == 0, res.stderr[-3000:]
-        runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+    runs = [run_script(FRESH_PROCESS, env=env) for _ in range(2)]
     assert runs[0]["miss"] >= 1 and runs[1]["hit"] >= 1 and runs[1]["miss"] == 0
     assert all(r["err"] < 2e-2 for r in runs)
     cached = "".join(p.read_text() for p in (tmp_path / "inductor").rglob("*.py"))
