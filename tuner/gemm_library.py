@@ -27,6 +27,7 @@ from . import aot
 from .compile import kernel_object_path
 from .template_cache import _write_atomic
 
+
 def unsupported_reason(problem: GemmProblem, config: KernelConfig) -> str | None:
     """Why this plain mm's kernel cannot run from a library (None: it can)."""
     if problem.batch != 1:

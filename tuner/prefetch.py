@@ -7,14 +7,14 @@ first node is lowered, so they compile at once while Inductor lowers and benchma
 kernel is built as a TVM-FFI library (``gemm_library``), which this process's first launch
 loads without importing quack; any other kernel goes to quack's disk cache (a worker compiles
 under the kernel's exclusive file lock and exports the object file, which this process's first
-launch of the config loads through quack, about 1 ms). Before a node's benchmark, Inductor's preprocessing hook (``inductor.await_prefetched``) waits
-for that node's kernels still being built: left to itself, this process reached most kernels
-before the workers had started and compiled them one by one (7 of 8 at M=16 in
-data/bench/e2e_h200_recheck.json). A kernel built already is not waited for: the
-helper reports it only once its own imports are done, which cost a warm compile 8-14 s on the
-H200 host (data/reports/gpu/h200_1gpu/session.log, call a against call c). A kernel whose worker
-failed or timed out is compiled here as before, so a slow or broken prefetcher never changes
-results, only compile time.
+launch of the config loads through quack, about 1 ms). Before a node's benchmark, Inductor's
+preprocessing hook (``inductor.await_prefetched``) waits for that node's kernels still being
+built: left to itself, this process reached most kernels before the workers had started and
+compiled them one by one (7 of 8 at M=16 in data/bench/e2e_h200_recheck.json). A kernel built
+already is not waited for: the helper reports it only once its own imports are done, which
+cost a warm compile 8-14 s on the H200 host (data/reports/gpu/h200_1gpu/session.log, call a
+against call c). A kernel whose worker failed or timed out is compiled here as before, so a
+slow or broken prefetcher never changes results, only compile time.
 
 The workers come from one helper process that imports quack once and forks a child per
 kernel, so a worker starts in a fraction of a second instead of paying ``import cutlass``. The
@@ -391,8 +391,8 @@ def serve(arch: str, workers: int, jobs: int, reports) -> None:
     kernel's TVM-FFI library; ``gemm_library``: a plain kernel's); report ``cached ID`` for one
     built already, else build it in a child forked from this process, at most ``workers`` at
     a time (reporting ``started ID``), and ``done ID`` or ``failed ID why`` as each ends (a
-    build past JOB_TIMEOUT_S is killed). Reports are lines written to the text stream ``reports``. Exits after its input
-    closes and its children end. SIGTERM: children finish their kernel (a kernel is written
+    build past JOB_TIMEOUT_S is killed). Reports are lines written to the text stream
+    ``reports``. Exits after its input closes and its children end. SIGTERM: children finish their kernel (a kernel is written
     whole or not at all), queued ones are dropped."""
     def report(line: str) -> None:
         reports.write(f"{line}\n")
