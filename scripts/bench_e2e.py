@@ -181,6 +181,24 @@ class _LogTimes(logging.Handler):
         self.events.append([round(time.perf_counter() - self.t0, 3), record.getMessage()])
 
 
+def watch_first_import(name: str) -> dict:
+    """Keep, under "by", where module ``name`` is first imported in this process (the last
+    frames outside the import system): a quack import the compile should not have made names
+    its culprit. An audit hook, so it stays for the process's life (one worker's)."""
+    import traceback
+
+    seen: dict = {}
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "import" and args[0] == name and "by" not in seen:
+            frames = [f for f in traceback.extract_stack()[:-1]
+                      if "importlib" not in f.filename and "<frozen" not in f.filename]
+            seen["by"] = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames[-6:]]
+
+    sys.addaudithook(hook)
+    return seen
+
+
 def _kernel_counts(code: str) -> dict:
     return {
         "quack": len(re.findall(r"extern_kernels\.cutetune_quack_(?:add)?mm\(", code)),
@@ -213,6 +231,7 @@ def worker(spec: dict) -> dict:
         options = {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
     results = {}
     log_times = _LogTimes()
+    quack_import = watch_first_import("quack")
     for name, cls in _workloads(torch).items():
         module = cls().to(dev, torch.bfloat16).eval()
         with torch.no_grad():
@@ -251,6 +270,7 @@ def worker(spec: dict) -> dict:
                          "fused_via": _fused_via(),
                          "kernels": _kernel_counts("\n".join(code)),
                          "quack_imported": not quack_before and "quack" in sys.modules,
+                         "quack_imported_by": None if quack_before else quack_import.get("by"),
                          "prefetched": prefetched, "helper_wait_s": helper_wait_s,
                          "helper_after_wait": helper,
                          "template_kernels_cached": _templates_cached()}

@@ -209,3 +209,28 @@ def test_cpu_during_timing_names_the_busy_thread():
     cpu = bench._cpu_during(before, bench._cpu_sample())
     assert max(cpu["threads"].values()) > 0.3 and cpu["machine_busy_cores"] > 0.3
     assert bench._cpu_during(None, before) is None  # off Linux: nothing sampled
+
+
+FIRST_IMPORT = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("bench_e2e", sys.argv[1])
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+seen = bench.watch_first_import("colorsys")
+
+
+def culprit():
+    import colorsys  # noqa: F401
+
+
+culprit()
+import colorsys  # noqa: E402,F401  (imported already: not recorded again)
+print(json.dumps(seen))
+"""
+
+
+def test_the_first_import_of_a_module_names_its_importer(run_script):
+    """The benchmark names where quack was first imported (``quack_imported_by``): here the
+    function whose import statement loaded the module, not a later import of it."""
+    by = run_script(FIRST_IMPORT, REPO / "scripts" / "bench_e2e.py")["by"]
+    assert by[-1].endswith(" culprit") and "script" in by[-1], by
