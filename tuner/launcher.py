@@ -6,6 +6,8 @@ so we enter one level down, at ``gemm_interface._gemm_execute``: it takes an exp
 C / bias / alpha / beta, does quack's operand routing (swap_ab, B passed (K, N), batching) and
 returns a dispatch plan which, handed back on the next call with the same metadata, skips quack's
 own key building. We cache that plan per metadata key, as quack's ``gemm`` does for its own calls.
+Where the compile helper has built a plain mm's kernel as a TVM-FFI library (``gemm_library``),
+the call launches from that library instead, and this process never imports quack.
 
 The support envelope (dtype, majors, 16-byte TMA strides, addend shape) is a pure function of
 sizes and strides, shared with the compile-time decision in ``inductor.py``; base-pointer
