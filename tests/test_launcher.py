@@ -448,3 +448,55 @@ def test_kernel_signature_finds_the_kernel_quacks_own_call_compiled(tmp_path, ru
             (GPU_CONFIGS[1], GemmProblem(512, 1024, 2048, a_major="m", b_major="n"))]
     assert run_script(SIGNATURE_AGAINST_QUACK, tmp_path,
                       json.dumps([(c.to_dict(), p.to_dict()) for c, p in jobs])) == [True, True]
+
+
+ROUTING_AGAINST_QUACK = textwrap.dedent("""
+    import json, sys, torch
+    from cutetune.tuner.compile import configure_gpu_blind
+    configure_gpu_blind("sm90", sys.argv[1])
+    import quack.gemm as qgemm
+    from cutetune.space.config import KernelConfig
+    from cutetune.space.problem import GemmProblem
+    from cutetune.tuner import aot, gemm_library, launcher
+
+    def views(*tensors):
+        return [None if t is None else [list(t.shape), list(t.stride())] for t in tensors]
+
+    bf, (m, n, k), out = torch.bfloat16, (256, 384, 128), []
+    qgemm.get_max_active_clusters = lambda *args, **kwargs: 1
+    for fields, majors in json.loads(sys.argv[2]):
+        config, seen = KernelConfig(**fields), {}
+        problem = GemmProblem(m, n, k, a_major=majors[0], b_major=majors[1])
+        gemm_library.build_library(problem, config)  # (first: it compiles into a scratch folder)
+        a = torch.empty(m, k, dtype=bf) if majors[0] == "k" else torch.empty(k, m, dtype=bf).t()
+        b = torch.empty(k, n, dtype=bf) if majors[1] == "n" else torch.empty(n, k, dtype=bf).t()
+        d = torch.empty(m, n, dtype=bf)
+        qgemm.launch_gemm = lambda plan, A, B, D, C, *rest: seen.setdefault(
+            "quack", views(A, B, D, C))
+        launcher.quack_kernel(config, "sm90")(a, b, d)  # quack's own routing, up to its launch
+        key = gemm_library.library_key(problem, config)
+        meta = json.loads(aot.library_paths(key)[1].read_text())
+        lib = aot.Library.__new__(aot.Library)  # its routing, the loaded function stood in for
+        lib.fn = lambda A, B, D, C, *tail: seen.setdefault("library", views(A, B, D, C))
+        lib.b_kn, lib.swapped = meta["b_kn"], meta["swapped"]
+        lib.d_transposed, lib.tail = meta["d_transposed"], ()
+        lib.launch(a, b, d, None)
+        out.append([seen["quack"], seen["library"]])
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.compile
+def test_a_library_gets_the_operands_as_quack_hands_them_to_its_kernel(tmp_path, run_script):
+    """What the library's launch passes to the compiled function (operand order, views,
+    shapes, strides) is what quack's own path passes to the same function: unswapped and
+    swap_ab (A and B exchanged, D transposed), with "k"/"k" and "m"/"n" majors."""
+    import json
+
+    jobs = [(quack_default_config("sm90"), "kk"), (GPU_CONFIGS[1], "kk"), (GPU_CONFIGS[1], "mn"),
+            (quack_default_config("sm90"), "mn")]
+    got = run_script(ROUTING_AGAINST_QUACK, tmp_path,
+                     json.dumps([(c.to_dict(), m) for c, m in jobs]))
+    for (quack, library), (config, _) in zip(got, jobs):
+        assert library == quack, config.short()
+    assert got[1][0][2] == [[384, 256], [1, 384]]  # swapped: D crosses transposed (m-major)
