@@ -184,6 +184,18 @@ def gemm_plan_arguments(plan, swapped: bool) -> dict:
             "swizzle_at": swizzle}
 
 
+def cpu_operands(dtype, majors: tuple[str, str]) -> tuple:
+    """(A, B, D): small CPU tensors of ``dtype``, A (M, K) and B (K, N) of these majors (quack's
+    names), D row-major. A GPU-blind build compiles for symbolic sizes, so they stand for every
+    problem of those majors."""
+    import torch
+
+    m, n, k = 256, 256, 128
+    a = torch.empty(m, k, dtype=dtype) if majors[0] == "k" else torch.empty(k, m, dtype=dtype).t()
+    b = torch.empty(k, n, dtype=dtype) if majors[1] == "n" else torch.empty(n, k, dtype=dtype).t()
+    return a, b, torch.empty(m, n, dtype=dtype)
+
+
 def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 

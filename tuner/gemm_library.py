@@ -18,8 +18,6 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-import torch
-
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
 
@@ -68,21 +66,15 @@ def _plan_only(clusters: int):
 
 
 def _cpu_plan(problem: GemmProblem, config: KernelConfig, clusters: int):
-    """quack's launch plan of the kernel, through ``launcher``'s own call of quack, in a
-    process made GPU-blind by ``compile.configure_gpu_blind``. The kernel is compiled for
-    symbolic sizes, so small CPU tensors of the problem's dtype and majors stand for every
-    problem."""
+    """quack's launch plan of the kernel, through ``launcher``'s own call of quack on
+    ``aot.cpu_operands`` of the problem's dtype and majors, in a process made GPU-blind by
+    ``compile.configure_gpu_blind``."""
     from . import launcher
 
-    dtype = launcher.TORCH_DTYPE_OF[problem.dtype]
-    m, n, k = 256, 256, 128
-    a = torch.empty(m, k, dtype=dtype) if problem.a_major == "k" else \
-        torch.empty(k, m, dtype=dtype).t()
-    b = torch.empty(k, n, dtype=dtype) if problem.b_major == "n" else \
-        torch.empty(n, k, dtype=dtype).t()
+    a, b, out = aot.cpu_operands(launcher.TORCH_DTYPE_OF[problem.dtype],
+                                 (problem.a_major, problem.b_major))
     with _plan_only(clusters):
-        return launcher.quack_dispatch_plan(config, problem.arch, a, b,
-                                            torch.empty(m, n, dtype=dtype))
+        return launcher.quack_dispatch_plan(config, problem.arch, a, b, out)
 
 
 def build_library(problem: GemmProblem, config: KernelConfig) -> float:

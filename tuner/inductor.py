@@ -349,7 +349,10 @@ class CuteTuneChoices(InductorChoices):
         log.info("cutetune %s %s: %s%s", self.mode, op, d.reason,
                  "".join(f" {c.short()}" for c in d.configs))
         prefetching = self.mode == "reduced" and _prefetch_for is not None
-        if any(_needs_quack(op, problem, c, prefetching) for c in d.configs):
+        # the key each kernel the prefetcher can build is filed under (``prefetch.kernel_key``)
+        keys = [kernel_key(problem, c) if op == "mm" or problem.batch > 1 else None
+                for c in d.configs]
+        if any(_needs_quack(op, problem.arch, key, prefetching) for key in keys):
             launcher.import_quack_in_background()  # the first launch needs it: import it now
         if prefetching:
             self.prefetch_graph(problem.arch)
@@ -365,12 +368,12 @@ class CuteTuneChoices(InductorChoices):
             extra = {"alpha": kernel_inputs.get_scalar("alpha"),
                      "beta": kernel_inputs.get_scalar("beta")}
         kernel = self.externs[launcher.ADDMM_KERNEL if op == "addmm" else launcher.MM_KERNEL]
-        for c in d.configs:
+        for c, key in zip(d.configs, keys):
             caller = kernel.bind(kernel_inputs.nodes(), layout,
                                  config=launcher.config_tuple(c), **extra)
             caller.description = c.short()
-            if prefetching and (op == "mm" or problem.batch > 1):  # what the prefetcher builds
-                caller.cutetune_kernel = (problem.arch, kernel_key(problem, c))
+            if prefetching and key is not None:  # what the prefetcher builds
+                caller.cutetune_kernel = (problem.arch, key)
             choices.append(caller)
         return choices
 
@@ -701,14 +704,13 @@ _PREFETCHERS: dict[str, KernelPrefetcher] = {}
 PREFETCH_WAIT_S = 60.0
 
 
-def _needs_quack(op: str, problem: GemmProblem, config: KernelConfig, prefetching: bool) -> bool:
-    """Whether a node's kernel will launch through quack (which this process must then
-    import) rather than from its TVM-FFI library: built already, or to be built by a
-    prefetcher that is on (``prefetch.kernel_key``)."""
+def _needs_quack(op: str, arch: str, key: tuple | None, prefetching: bool) -> bool:
+    """Whether a node's kernel (filed under ``key``, ``prefetch.kernel_key``) will launch
+    through quack, which this process must then import, rather than from its TVM-FFI library:
+    built already, or to be built by a prefetcher that is on."""
     if op != "mm":
         return True
-    key = kernel_key(problem, config)
-    building = prefetching and getattr(_prefetch_for(problem.arch), "enabled", True)
+    building = prefetching and getattr(_prefetch_for(arch), "enabled", True)
     return not (is_library(key) and (building or aot.library_ready(key[1])))
 
 

@@ -172,8 +172,7 @@ class KernelPrefetcher:
         for problem, config in kernels:
             key = kernel_key(problem, config)
             if is_library(key):
-                self._paths.setdefault(key, aot.library_paths(key[1])[1])
-                if not self._paths[key].exists():
+                if self._unbuilt(key, key[1]):
                     jobs.append((key, ["gemm_library", problem.to_dict(), config.to_dict()]))
                 continue
             self._kernels.setdefault(key, (problem, config))
@@ -186,10 +185,15 @@ class KernelPrefetcher:
         (``swiglu.library_key``)."""
         majors = (problem.a_major, problem.b_major)
         key = swiglu.library_key(config, self.arch, TORCH_DTYPE_OF[problem.dtype], majors)
-        self._paths.setdefault(key, aot.library_paths(key)[1])
-        if not self._paths[key].exists():
+        if self._unbuilt(key, key):
             self._queue([(key, ["swiglu", config.to_dict(), problem.dtype, majors])])
         return key
+
+    def _unbuilt(self, key, library: str) -> bool:
+        """Whether the TVM-FFI library ``library`` (a kernel filed under ``key``) is not built
+        yet; its file's path is kept for ``wait_for``."""
+        self._paths.setdefault(key, aot.library_paths(library)[1])
+        return not self._paths[key].exists()
 
     def _queue(self, jobs) -> int:
         if not self.enabled:
@@ -392,8 +396,8 @@ def serve(arch: str, workers: int, jobs: int, reports) -> None:
     built already, else build it in a child forked from this process, at most ``workers`` at
     a time (reporting ``started ID``), and ``done ID`` or ``failed ID why`` as each ends (a
     build past JOB_TIMEOUT_S is killed). Reports are lines written to the text stream
-    ``reports``. Exits after its input closes and its children end. SIGTERM: children finish their kernel (a kernel is written
-    whole or not at all), queued ones are dropped."""
+    ``reports``. Exits after its input closes and its children end. SIGTERM: children finish
+    their kernel (a kernel is written whole or not at all), queued ones are dropped."""
     def report(line: str) -> None:
         reports.write(f"{line}\n")
         reports.flush()

@@ -248,17 +248,15 @@ def _cpu_plan(config: KernelConfig, arch: str, dtype: torch.dtype, majors: tuple
               clusters: int):
     """quack's launch plan of the fused kernel, built in a process made GPU-blind by
     ``compile.configure_gpu_blind`` (it compiles the kernel, or finds it in quack's disk
-    cache). The kernel is compiled for symbolic sizes, so small CPU tensors of the runtime's
-    dtype and operand majors stand for every problem (nn.Linear's weight gives B "k").
-    Building the plan then asks the driver how many clusters fit; ``clusters`` answers."""
+    cache), on ``aot.cpu_operands`` of the runtime's dtype and operand majors (nn.Linear's
+    weight gives B "k"). Building the plan then asks the driver how many clusters fit;
+    ``clusters`` answers."""
     from quack.gemm_runtime import host
 
     from cutetune.tuner.quack_epilogues import silu_mul
 
-    m, n, k = 256, 256, 128
-    a = torch.empty(m, k, dtype=dtype) if majors[0] == "k" else torch.empty(k, m, dtype=dtype).t()
-    b = torch.empty(k, n, dtype=dtype) if majors[1] == "n" else torch.empty(n, k, dtype=dtype).t()
-    gate, out = torch.empty(m, n, dtype=dtype), torch.empty(m, n, dtype=dtype)
+    a, b, out = aot.cpu_operands(dtype, majors)
+    gate = torch.empty_like(out)
     asked = host.get_max_active_clusters
     host.get_max_active_clusters = lambda cluster_size: clusters
     try:
