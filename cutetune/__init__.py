@@ -12,3 +12,31 @@ _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
 if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isfile(
         _os.path.join(_root, "space", "__init__.py")):
     __path__.append(_root)
+
+
+def enable(mode: str = "predicted", **options):
+    """``cutetune.tuner.inductor.enable`` (same arguments, same Installation), entered without
+    importing Inductor first: in reduced mode the compile helper is forked before that import,
+    so the helper's own imports (cutlass and quack) run beside Inductor's instead of after
+    them."""
+    if mode == "reduced" and options.get("prefetch", True) is True:
+        _start_compile_helper()
+    from cutetune.tuner.inductor import enable as enable_inductor
+
+    return enable_inductor(mode, **options)
+
+
+def enable_from_env(environ=None):
+    """``cutetune.tuner.inductor.enable_from_env``, entered as ``enable`` is."""
+    env = _os.environ if environ is None else environ
+    if env.get("CUTETUNE_MODE", "").strip().lower() == "reduced":
+        _start_compile_helper()
+    from cutetune.tuner.inductor import enable_from_env as enable_inductor_from_env
+
+    return enable_inductor_from_env(environ)
+
+
+def _start_compile_helper() -> None:
+    from cutetune.tuner.prefetch import start_for_this_gpu
+
+    start_for_this_gpu()

@@ -49,6 +49,7 @@ QUICK_MS = (16, 4096)
 MODES = ("default", "max-autotune", "predicted", "reduced")
 # Guesses of a run's duration (s) before one of its kind has been seen; then the longest seen.
 GUESS_S = {"default": 30, "max-autotune": 90, "predicted": 45, "reduced": 90}
+ENABLE_FROM = ("cutetune", "cutetune.tuner.inductor")  # the module whose enable() is called
 
 
 # ================================================================ worker (one fresh process)
@@ -161,15 +162,16 @@ def _cpu_during(a: dict | None, b: dict | None) -> dict | None:
 
 class _LogTimes(logging.Handler):
     """Keeps cutetune's launcher messages (quack's import time, each kernel's first launch,
-    also of the fused SwiGLU kernel), the fusion pass's and the Inductor integration's (each
-    node's decision, the waits for the compile helper) with their time since the last
-    ``restart()``."""
+    also of the fused SwiGLU kernel), the fusion pass's, the Inductor integration's (each
+    node's decision, the waits for the compile helper) and the prefetcher's (the helper's
+    fork) with their time since the last ``restart()``."""
 
     def __init__(self):
         super().__init__(logging.INFO)
         self.restart()
         for name in ("cutetune.tuner.launcher", "cutetune.tuner.swiglu",
-                     "cutetune.tuner.fusion_pass", "cutetune.tuner.inductor"):
+                     "cutetune.tuner.fusion_pass", "cutetune.tuner.inductor",
+                     "cutetune.tuner.prefetch"):
             logger = logging.getLogger(name)
             logger.setLevel(logging.INFO)
             logger.addHandler(self)
@@ -218,8 +220,9 @@ def _rel_err(torch, out, ref) -> float:
 def worker(spec: dict) -> dict:
     import contextlib
 
+    import importlib
+
     import torch
-    from torch._inductor.utils import run_and_get_code
 
     t_start = time.perf_counter()
     torch.manual_seed(0)
@@ -240,13 +243,14 @@ def worker(spec: dict) -> dict:
             quack_before = "quack" in sys.modules
             log_times.restart()
             # Timed from enable(): a user pays what it starts (the reduced-mode compile
-            # workers) and, in the process's first compile that launches a quack kernel,
-            # quack's import.
+            # workers), Inductor's import in the process's first compile and, in the first
+            # that launches a quack kernel, quack's.
             t0 = time.perf_counter()
+            from torch._inductor.utils import run_and_get_code
+
             ctx = contextlib.nullcontext()
             if mode in ("predicted", "reduced"):
-                from cutetune.tuner.inductor import enable
-
+                enable = importlib.import_module(spec.get("enable_from", ENABLE_FROM[0])).enable
                 ctx = enable(mode, top_k=spec.get("top_k"), model=spec.get("heuristics"))
             compiled = torch.compile(module, options=options)
             with ctx:
@@ -308,13 +312,13 @@ def _templates_cached() -> int | None:
 def _prefetch_stats(wait: bool) -> dict | None:
     """Kernels the compile helper was sent so far in this process, by state, with its
     timeline (``KernelPrefetcher.timeline``); with ``wait``, once none is pending."""
-    if "cutetune.tuner.inductor" not in sys.modules:
+    if "cutetune.tuner.prefetch" not in sys.modules:
         return None
-    from cutetune.tuner.inductor import _PREFETCHERS
+    from cutetune.tuner.prefetch import SHARED_PREFETCHERS
 
     return {arch: {**(pf.wait(timeout=300) if wait else pf.stats()),
                    "timeline": list(pf.timeline)}
-            for arch, pf in _PREFETCHERS.items()} or None
+            for arch, pf in SHARED_PREFETCHERS.items()} or None
 
 
 def overhead_worker(spec: dict) -> dict:
@@ -413,6 +417,7 @@ def run_gpu(args) -> dict:
                     "repeats": repeats, "budget_s": args.budget_s,
                     "heuristics": args.heuristics or "packaged", "heuristics_digest": digest,
                     "top_k": args.top_k, "prebuilt_kernels": not args.no_prebuilt_kernels,
+                    "enable_from": args.enable_from,
                     "started": time.time()},
            "runs": []}
     seen_s: dict[str, float] = {}
@@ -445,6 +450,7 @@ def run_gpu(args) -> dict:
                     else:
                         spec = {"kind": "compile", "mode": mode, "m": m, "repeats": repeats,
                                 "heuristics": heuristics, "top_k": args.top_k,
+                                "enable_from": args.enable_from,
                                 "kernel_cache": cache, "save_code": args.save_code}
                         inductor_dir = Path(tempfile.mkdtemp(dir=tmp, prefix="inductor_"))
                         run.update(_run_worker(spec, _env(inductor_dir,
@@ -746,6 +752,9 @@ def main(argv=None) -> int:
                     help="write the code Inductor generated for each run into DIR")
     ap.add_argument("--skip-overhead", action="store_true",
                     help="leave out the tiny-GEMM launch overhead (measured by another part)")
+    ap.add_argument("--enable-from", choices=ENABLE_FROM, default=ENABLE_FROM[0],
+                    help="cutetune's entry: cutetune.enable (forks reduced mode's compile "
+                    "helper before Inductor's import) or cutetune.tuner.inductor.enable (after)")
     ap.add_argument("--no-prebuilt-kernels", action="store_true",
                     help="link no prebuilt fused kernels (CUTETUNE_FUSED_KERNELS empty): the "
                          "cold runs build them as a user's unshipped kernels would be")

@@ -121,6 +121,14 @@
 #      prebuilt kernels, reduced with cold and warm caches, twice
 #   library3  the forked helper's GPU test again (after a fix of the test), then the library
 #      case's compile times a third time
+#   early  (after `cutetune.enable` forked reduced mode's compile helper before Inductor's
+#      import, the helper imported quack with torch.compile left uncompiled, and a pre-grad pass
+#      sent the graph's kernels from Dynamo's graph) library's GPU tests; the helper's start
+#      forked before and after Inductor's import (scripts/helper_probe.py); then compile times
+#      of max-autotune and reduced at M 4096 8192 with no prebuilt kernels, reduced with cold
+#      and warm caches, entered through cutetune.enable, then reduced alone entered through
+#      cutetune.tuner.inductor.enable (the helper forked after Inductor's import)
+#   early2  early's compile times again, both entries
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -449,6 +457,22 @@ cuda_graphs" -q --tb=short -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 210)"
     bench part_library_r2 --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
+  early)
+    timeout 300 python -m pytest -m gpu tests/test_launcher.py tests/test_inductor.py \
+      tests/test_swiglu.py -k "library or forked or compiled_llama_mlp or predicted_mode or \
+cuda_graphs" -q --tb=short -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.full.log" \
+      | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -n 40 | tee "$E2E/gpu_tests_$CALL.log"
+    timeout 120 python scripts/helper_probe.py --repeats 2 --cases fork fork_early \
+      --out "$E2E/helper_probe_early.json" 2>&1 | tee "$E2E/helper_probe_early.log"
+    bench part_early --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
+      --skip-overhead --no-prebuilt-kernels --budget-s "$(left 130)"
+    bench part_late --ms 4096 8192 --modes reduced --warm-for reduced --skip-overhead \
+      --no-prebuilt-kernels --enable-from cutetune.tuner.inductor --budget-s "$(left 10)" ;;
+  early2)
+    bench part_early_r2 --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
+      --skip-overhead --no-prebuilt-kernels --budget-s "$(left 130)"
+    bench part_late_r2 --ms 4096 8192 --modes reduced --warm-for reduced --skip-overhead \
+      --no-prebuilt-kernels --enable-from cutetune.tuner.inductor --budget-s "$(left 10)" ;;
   library3)
     timeout 120 python -m pytest -m gpu tests/test_inductor.py -k forked -q --tb=short \
       -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" \

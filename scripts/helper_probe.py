@@ -16,7 +16,10 @@ runs in a fresh interpreter and waits for the helper's ``imported`` line:
   imported cutetune's Inductor integration and initialized CUDA (as a user's has by then);
   it then compiles one kernel, which this process launches against ``torch.mm`` (the
   helper's and this process's memory are kept);
-- ``fork_compile``: the same beside the MLP's compile.
+- ``fork_compile``: the same beside the MLP's compile;
+- ``fork_early``: the helper forked as ``cutetune.enable`` forks it, before anything of
+  Inductor is imported; this process then imports cutetune's Inductor integration and
+  compiles the MLP beside the helper's imports.
 
     python scripts/helper_probe.py --repeats 2 --out data/bench/helper_probe_h200.json
 """
@@ -37,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import HIDDEN, _cpu_during, _cpu_sample, _workloads  # noqa: E402
 
-CASES = ("alone", "compile", "compile_1thread", "fork", "fork_compile")
+CASES = ("alone", "compile", "compile_1thread", "fork", "fork_compile", "fork_early")
 # how the spawned helper ran before cutetune forked it
 SPAWN = ("import sys; from cutetune.tuner.prefetch import serve; "
          "serve(sys.argv[1], int(sys.argv[2]), 0, sys.stdout)")
@@ -113,14 +116,17 @@ def spawned(case: str, m: int, arch: str, tmp: str) -> dict:
 
 
 def forked(case: str, m: int, arch: str) -> dict:
+    import importlib
+
     import torch
 
-    import cutetune.tuner.inductor  # noqa: F401  (what enable() has imported)
     from cutetune.space.config import quack_default_config
     from cutetune.space.problem import GemmProblem
     from cutetune.tuner.launcher import quack_mm_out
     from cutetune.tuner.prefetch import KernelPrefetcher, kernel_key
 
+    if case != "fork_early":
+        importlib.import_module("cutetune.tuner.inductor")  # what its enable() has imported
     torch.zeros(1, device="cuda")  # CUDA initialized, as in a user's process by then
     n = k = 4096
     problem, config = GemmProblem(m, n, k, b_major="k"), quack_default_config(arch)
@@ -128,7 +134,10 @@ def forked(case: str, m: int, arch: str) -> dict:
     t0 = time.perf_counter()
     pf.start()
     out = {"case": case, "start_s": time.perf_counter() - t0}
-    if case == "fork_compile":
+    if case == "fork_early":
+        importlib.import_module("cutetune.tuner.inductor")
+        out["inductor_import_s"] = time.perf_counter() - t0
+    if case in ("fork_compile", "fork_early"):
         _compile_mlp(torch, m)
         out["compile_s"] = time.perf_counter() - t0
     pf.submit([(problem, config)])

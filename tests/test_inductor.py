@@ -5,6 +5,7 @@ and on a GPU (``-m gpu``) compiled Llama MLPs in each mode and an FX-graph-cache
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import statistics
@@ -15,6 +16,7 @@ from dataclasses import replace
 import pytest
 import torch
 from torch._inductor import config as inductor_config
+from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor import ir
 from torch._inductor import select_algorithm as sa
 from torch._inductor.virtualized import V
@@ -863,6 +865,92 @@ def test_reduced_prefetches_the_graphs_kernels_once_before_benchmarking(fake_gpu
     assert ci.await_prefetched not in cache.preprocessing_fns  # removed with the installation
 
 
+def dynamo_and_aot_graphs(fn, *args):
+    """Dynamo's graph of ``fn`` and the forward graph AOTAutograd makes of it with Inductor's
+    decompositions (what Inductor's post-grad passes start from)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.decomposition import select_decomp_table
+
+    graphs = {}
+
+    def forward(gm, example_inputs):
+        graphs["aot"] = gm.graph
+        return gm.forward
+
+    backend = aot_autograd(fw_compiler=forward, decompositions=select_decomp_table())
+
+    def capture(gm, example_inputs):
+        graphs["dynamo"] = gm.graph
+        return backend(gm, example_inputs)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(fn, backend=capture, fullgraph=True)(*args)
+    return graphs["dynamo"], graphs["aot"]
+
+
+def test_dynamo_gemms_reads_the_problems_lowering_will_see():
+    """The problems read from Dynamo's graph (before AOTAutograd) are those of the mm and bmm
+    nodes that its decompositions make (``graph_problems``, read at lowering): linear without
+    a bias on 3D activations, ``@`` folding leading dimensions, a method call on a transposed
+    operand, and bmm. A linear with a bias (addmm) is neither's; a bmm of one batch is left
+    out; ``@`` on activations whose leading dimensions do not fold into a view (a bmm over
+    the broadcast weight here) is left to lowering."""
+    from cutetune.tuner.early_prefetch import dynamo_gemms
+
+    x, w = torch.randn(2, 32, 256, dtype=BF16), torch.randn(512, 256, dtype=BF16)
+    v, bias = torch.randn(512, 128, dtype=BF16), torch.randn(512, dtype=BF16)
+    y = torch.randn(4, 64, 32, dtype=BF16)
+
+    def fn(x, w, v, bias, y):
+        F = torch.nn.functional
+        h = F.linear(x, w) @ v                     # mm (64x512x256), mm (64x128x512)
+        g = x.transpose(0, 1) @ w.t()              # no view folds it: bmm (batch 32)
+        e = F.linear(x, w, bias)                   # addmm
+        return h, g, e, x[0].mm(w.t()), torch.bmm(y, y.transpose(1, 2)), torch.bmm(y[:1], y[:1].mT)
+
+    dynamo, aot = dynamo_and_aot_graphs(fn, x, w, v, bias, y)
+    got, lowered = dynamo_gemms(dynamo, lambda device: "sm90"), ci.graph_problems(aot, "sm90")
+    assert got == [p for p in lowered if p.batch != 32]
+    assert [(p.m, p.n, p.k, p.batch, p.a_major, p.b_major) for p in got] == [
+        (64, 512, 256, 1, "k", "k"), (64, 128, 512, 1, "k", "n"), (32, 512, 256, 1, "k", "k"),
+        (64, 64, 32, 4, "k", "k")]
+    assert dynamo_gemms(dynamo, lambda device: None) == []  # not a quack GPU
+
+
+def test_reduced_mode_sends_kernels_from_dynamos_graph(fake_gpu):
+    """Reduced mode with a prefetcher installs a pre-grad pass that runs the user's pass and
+    then sends each GEMM's top-k kernels from Dynamo's graph, leaving the graph as it was; the
+    user's pass comes back with the installation. Predicted mode installs none."""
+    x, w = torch.randn(64, 256, dtype=BF16), torch.randn(512, 256, dtype=BF16)
+    dynamo, _ = dynamo_and_aot_graphs(lambda x, w: x @ w.t(), x, w)
+    before = str(dynamo)
+    seen = []
+
+    class UserPass(CustomGraphPass):
+        def __call__(self, graph):
+            seen.append(len(rec.sent))
+
+        def uuid(self):
+            return "user"
+
+    rec, user = RecordingPrefetcher(), UserPass()
+    inductor_config.pre_grad_custom_pass = user
+    try:
+        with ci.enable("predicted", model=FakeHeuristics()):
+            assert inductor_config.pre_grad_custom_pass is user
+        with ci.enable("reduced", top_k=2, model=FakeHeuristics(), prefetch=lambda arch: rec):
+            early = inductor_config.pre_grad_custom_pass
+            assert early.user_pass is user and "user" in early.uuid()
+            early(dynamo)
+        assert inductor_config.pre_grad_custom_pass is user
+    finally:
+        inductor_config.pre_grad_custom_pass = None
+    assert seen == [0] and str(dynamo) == before
+    assert [[(p.m, p.n, p.k, p.b_major, c) for p, c in sent] for sent in rec.sent] == [
+        [(64, 512, 256, "k", A), (64, 512, 256, "k", B)]]
+
+
 def test_prefetch_only_in_reduced_mode_and_its_failure_costs_nothing(fake_gpu):
     rec = RecordingPrefetcher()
     with ci.enable("predicted", model=FakeHeuristics(), prefetch=lambda arch: rec):
@@ -921,6 +1009,61 @@ def test_forked_helper_keeps_none_of_this_processs_descriptors(tmp_path):
     finally:
         os.close(r)
         pf.close()
+
+
+EARLY_FORK = """
+import json, sys, torch
+import cutetune
+from cutetune.tuner import launcher, prefetch
+
+torch.cuda.is_available = lambda: True  # a stand-in sm90 GPU: only the helper needs it
+launcher.device_arch = lambda device: "sm90"
+forked_with = []
+
+
+class Helper(prefetch._ForkedHelper):
+    def __init__(self, *args):
+        forked_with.append(sorted(m for m in sys.modules if m.startswith("torch._inductor")))
+        super().__init__(*args)
+
+
+prefetch._ForkedHelper = Helper
+with cutetune.enable(sys.argv[1]) as installed:
+    helper = prefetch.SHARED_PREFETCHERS.get("sm90")
+    imported = helper is not None and prefetch._poll(lambda: helper.timeline, 120)
+    print(json.dumps({"forked_with": forked_with, "imported": bool(imported),
+                      "installed": installed.factory is not None}))
+"""
+
+
+def test_cutetune_enable_forks_the_reduced_helper_before_inductor_is_imported(run_script):
+    """``cutetune.enable("reduced")`` forks the compile helper before anything of Inductor is
+    imported, so the helper's imports run beside Inductor's; then installs as
+    ``cutetune.tuner.inductor.enable`` does, with no second helper. Predicted mode forks
+    none."""
+    for mode, forks in (("reduced", 1), ("predicted", 0)):
+        got = run_script(EARLY_FORK, mode, timeout=300)
+        assert got["installed"] and len(got["forked_with"]) == forks
+        assert got["forked_with"] == [[]] * forks and got["imported"] == bool(forks)
+
+
+def test_the_helpers_imports_leave_torch_compile_uncompiled_and_restore_it():
+    """What quack wraps in ``torch.compile`` at its import, in the helper: the function
+    itself, as a call or as a decorator, and ``torch.compile`` again after the imports."""
+    from cutetune.tuner import prefetch
+
+    compile_ = torch.compile
+
+    def fn(x):
+        return x + 1
+
+    with prefetch._uncompiled_torch_compile():
+        assert torch.compile(fn, dynamic=False) is fn
+        assert torch.compile(dynamic=False)(fn) is fn
+    assert torch.compile is compile_
+    with pytest.raises(RuntimeError), prefetch._uncompiled_torch_compile():
+        raise RuntimeError("an import failed")
+    assert torch.compile is compile_
 
 
 def test_a_helper_that_does_not_start_is_stopped_and_its_kernels_fail(tmp_path, monkeypatch,
@@ -1267,9 +1410,13 @@ def test_gpu_helper_forked_from_a_cuda_process_builds_kernels_that_run_here(tmp_
 
 @gpu
 @pytest.mark.parametrize("mode", ["off", "predicted", "reduced"])
-def test_gpu_compiled_llama_mlp(tmp_path, mode, monkeypatch):
+def test_gpu_compiled_llama_mlp(tmp_path, mode, monkeypatch, caplog):
+    """The MLP compiled in each mode runs right; predicted mode puts every GEMM on quack, and
+    reduced mode sends the graph's kernels to the compile helper from Dynamo's graph, so that
+    lowering finds none left to send."""
     from torch._inductor.utils import fresh_cache, run_and_get_code
 
+    caplog.set_level(logging.INFO, logger="cutetune.tuner.inductor")
     monkeypatch.setattr(ci, "QUACK_LAUNCH_HOST_US", 0.0)  # small shapes: plumbing, not the rule
     torch.manual_seed(0)
     mlp = LlamaMLP().cuda().to(BF16)
@@ -1286,6 +1433,12 @@ def test_gpu_compiled_llama_mlp(tmp_path, mode, monkeypatch):
         assert n_quack >= 1 and "extern_kernels.mm(" not in code  # every GEMM on quack
     elif mode == "off":
         assert n_quack == 0  # reduced: whatever Inductor's benchmark picked
+    sent = [m for m in (r.getMessage() for r in caplog.records) if "compile workers" in m]
+    if mode == "reduced":
+        assert len(sent) == 2 and sent[0].endswith("from Dynamo's graph"), sent
+        assert not sent[0].startswith("cutetune: 0 ") and sent[1].startswith("cutetune: 0 ")
+    else:
+        assert sent == []
 
 
 def _compile_host_bound_mm(mode: str, fn, m: int, n: int, k: int, transposed_b: bool,

@@ -17,7 +17,7 @@ from torch._inductor.utils import run_and_get_code
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
 from cutetune.tuner import inductor as ci
-from cutetune.tuner import swiglu
+from cutetune.tuner import prefetch, swiglu
 from cutetune.tuner.fusion_pass import SwigluFusionPass
 from cutetune.tuner.heuristics import PackagedHeuristics
 
@@ -616,7 +616,7 @@ def cold_llama_mlp(monkeypatch, tmp_path):
     prebuilt kernels and a compile helper of its own (closed afterwards)."""
     monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path))
     monkeypatch.setenv("CUTETUNE_FUSED_KERNELS", "")
-    monkeypatch.setattr(ci, "_PREFETCHERS", {})  # a helper that sees this cache folder
+    monkeypatch.setattr(prefetch, "SHARED_PREFETCHERS", {})  # a helper seeing this cache folder
     monkeypatch.setattr(swiglu, "_plans", {})
     monkeypatch.setattr(swiglu, "_builds", {})
     torch.manual_seed(0)
@@ -624,7 +624,7 @@ def cold_llama_mlp(monkeypatch, tmp_path):
     gate, up, down = lin(4096, 14336), lin(4096, 14336), lin(14336, 4096)
     yield (lambda x: down(F.silu(gate(x)) * up(x)),
            torch.randn(2048, 4096, device="cuda", dtype=BF16))
-    for helper in ci._PREFETCHERS.values():
+    for helper in prefetch.SHARED_PREFETCHERS.values():
         helper.close()
 
 

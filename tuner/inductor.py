@@ -82,10 +82,11 @@ from cutetune.space.problem import GemmProblem, ProblemError
 from cutetune.space.rules import is_valid
 
 from . import aot, launcher, swiglu, template_cache
+from .early_prefetch import EarlyPrefetchPass
 from .fusion_pass import SwigluFusionPass
 from .heuristics import Heuristics, HeuristicsError, ModelHeuristics, PackagedHeuristics
 from .measure import environment
-from .prefetch import KernelPrefetcher, is_library, kernel_key
+from .prefetch import is_library, kernel_key, shared_prefetcher, start_for_this_gpu
 from .triton_timings import append_row, sweep_row
 
 log = logging.getLogger(__name__)
@@ -474,14 +475,38 @@ class CuteTuneChoices(InductorChoices):
             return
         self._prefetched.add(graph)
         try:
-            kernels = [(p, c) for p in graph_problems(graph.module.graph, arch)
-                       for c in decide(p, self.mode, self.heuristics, self.top_k,
-                                       host_bound_us()).configs]
-            n = _prefetch_for(arch).submit(kernels)
+            n = send_kernels(graph_problems(graph.module.graph, arch), arch, self.mode,
+                             self.heuristics, self.top_k)
             log.info("cutetune: %d kernels of this graph sent to the compile workers", n)
         except Exception as e:  # noqa: BLE001
             log.warning("cutetune: kernel prefetch failed (%s: %s); kernels compile on first use",
                         type(e).__name__, e)
+
+
+def send_kernels(problems, arch: str, mode: str, heuristics, top_k: int) -> int:
+    """Hand the active prefetcher the top-k kernels of ``problems`` (of one arch); how many it
+    had not been sent before."""
+    kernels = [(p, c) for p in problems
+               for c in decide(p, mode, heuristics, top_k, host_bound_us()).configs]
+    return _prefetch_for(arch).submit(kernels)
+
+
+def early_prefetch_pass(factory: ChoicesFactory, user_pass) -> EarlyPrefetchPass:
+    """The pre-grad pass that sends a graph's kernels from Dynamo's graph
+    (``early_prefetch.py``), seconds before its first GEMM node is lowered."""
+    heuristics = _SOURCES[factory.source]
+
+    def send(problems: list[GemmProblem]) -> None:
+        if _prefetch_for is None:  # compiled after the installation ended
+            return
+        for arch in dict.fromkeys(p.arch for p in problems):
+            n = send_kernels([p for p in problems if p.arch == arch], arch, factory.mode,
+                             heuristics, factory.top_k)
+            log.info("cutetune: %d kernels of this graph sent to the compile workers from "
+                     "Dynamo's graph", n)
+
+    return EarlyPrefetchPass(send, f"{factory.mode}:k{factory.top_k}:{factory.source}:"
+                             f"{factory.code}", lambda device: device_arch(device), user_pass)
 
 
 def host_bound_us() -> float:
@@ -695,7 +720,6 @@ _HANDLER_KEY = virtualized._choices._key
 # The active installation's prefetcher source in reduced mode: arch -> object with
 # submit(kernels). Compile workers are a process-wide resource, so one prefetcher per arch.
 _prefetch_for = None
-_PREFETCHERS: dict[str, KernelPrefetcher] = {}
 
 
 # How long a node's benchmark waits for the compile workers before compiling here instead:
@@ -736,16 +760,6 @@ def await_prefetched(choices: list) -> list:
     return choices
 
 
-def shared_prefetcher(arch: str) -> KernelPrefetcher:
-    """This process's prefetcher for ``arch`` (its workers are shut down at exit)."""
-    if arch not in _PREFETCHERS:
-        import atexit
-
-        _PREFETCHERS[arch] = KernelPrefetcher(arch)
-        atexit.register(_PREFETCHERS[arch].close)
-    return _PREFETCHERS[arch]
-
-
 def _swap_thread_handler(value):
     """Set (or with _UNSET clear) this thread's cached V.choices; return the previous one.
     Inductor builds it from ``inductor_choices_class`` on first use and then keeps it, so
@@ -780,8 +794,8 @@ def _resolve_source(model) -> str:
 class Installation:
     """An active ``enable()``: a context manager, or call ``disable()``. Restores the previous
     ``inductor_choices_class``, this thread's choices handler, the feedback savers, the
-    prefetcher source, the preprocessing hook that waits for it, Triton's cache manager and
-    the post-grad pass that fuses SwiGLU."""
+    prefetcher source, the pre-grad pass that feeds it, the preprocessing hook that waits for
+    it, Triton's cache manager and the post-grad pass that fuses SwiGLU."""
 
     def __init__(self, factory: ChoicesFactory | None, feedback: FeedbackRecorder | None,
                  prefetch_for=None, fuse_swiglu: bool = False) -> None:
@@ -793,6 +807,12 @@ class Installation:
         inductor_config.post_grad_custom_post_pass = (
             swiglu_fusion_pass(factory, user_pass) if factory is not None and fuse_swiglu
             else user_pass)
+        self._prev_pre_pass = inductor_config.pre_grad_custom_pass
+        prev = self._prev_pre_pass
+        user_pass = prev.user_pass if isinstance(prev, EarlyPrefetchPass) else prev
+        inductor_config.pre_grad_custom_pass = (
+            early_prefetch_pass(factory, user_pass)
+            if factory is not None and prefetch_for is not None else user_pass)
         self._prev_manager = template_cache.install() if factory is not None else _UNSET
         self._prev_prefetch, _prefetch_for = _prefetch_for, prefetch_for
         self._prev_class = inductor_config.inductor_choices_class
@@ -821,6 +841,7 @@ class Installation:
             template_cache.uninstall(self._prev_manager)
         inductor_config.inductor_choices_class = self._prev_class
         inductor_config.post_grad_custom_post_pass = self._prev_post_pass
+        inductor_config.pre_grad_custom_pass = self._prev_pre_pass
         _swap_thread_handler(self._prev_handler)
         cache = get_algorithm_selector_cache()
         if self.feedback is not None and self.feedback in cache.feedback_saver_fns:
@@ -869,9 +890,8 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
         # less time than the helper takes to start), and starts the helper only when a fused
         # SwiGLU kernel needs building (``prepare_fused_kernel``)
         prefetch_for = shared_prefetcher if prefetch is True else prefetch
-        arch = torch.cuda.is_available() and device_arch(torch.device("cuda"))
-        if arch and prefetch is True:  # started now, it imports quack while Dynamo traces
-            shared_prefetcher(arch).start()
+        if prefetch is True:  # started now (if ``cutetune.enable`` has not), it imports
+            start_for_this_gpu()  # quack while Dynamo traces
     return Installation(factory, FeedbackRecorder(feedback) if feedback is not None else None,
                         prefetch_for, fuse_swiglu)
 

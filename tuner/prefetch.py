@@ -128,6 +128,7 @@ class KernelPrefetcher:
                         "where they are needed", e)
             self.enabled = False
             return
+        log.info("cutetune: compile helper forked")
         threading.Thread(target=self._read, args=(self._proc,), daemon=True).start()
         self._watchdog = threading.Timer(START_TIMEOUT_S, self._stop_if_not_started,
                                          (self._proc,))
@@ -268,6 +269,33 @@ class KernelPrefetcher:
             self._proc = None
 
 
+# arch -> this process's prefetcher (``shared_prefetcher``)
+SHARED_PREFETCHERS: dict[str, KernelPrefetcher] = {}
+
+
+def shared_prefetcher(arch: str) -> KernelPrefetcher:
+    """This process's prefetcher for ``arch``: compile workers are a process-wide resource (its
+    helper is stopped at exit)."""
+    if arch not in SHARED_PREFETCHERS:
+        import atexit
+
+        SHARED_PREFETCHERS[arch] = KernelPrefetcher(arch)
+        atexit.register(SHARED_PREFETCHERS[arch].close)
+    return SHARED_PREFETCHERS[arch]
+
+
+def start_for_this_gpu() -> str | None:
+    """Start the shared prefetcher's helper for the current CUDA device, if quack's GEMM runs
+    there; its arch, else None."""
+    import torch
+
+    arch = torch.cuda.is_available() and launcher.device_arch(torch.device("cuda"))
+    if not arch:
+        return None
+    shared_prefetcher(arch).start()
+    return arch
+
+
 class _ForkedHelper:
     """The helper process, forked from this one to run ``serve``: job lines go to ``jobs``,
     its reports come from ``reports`` (text, line-buffered; a pipe of its own, so nothing else
@@ -387,6 +415,25 @@ def _job(arch: str, kind: str, *payload):
             lambda: swiglu.build_library(config, arch, dtype, majors))
 
 
+@contextlib.contextmanager
+def _uncompiled_torch_compile():
+    """``torch.compile`` hands back the function it is given, for the helper's imports: quack
+    wraps its block-scaled quantizers in ``torch.compile`` at import, and that call imports
+    Inductor, which a helper forked before the compiling process imported it
+    (``cutetune.enable``) would otherwise import too. The helper never runs those quantizers;
+    if it did, they would run uncompiled."""
+    import torch
+
+    def uncompiled(model=None, **_options):
+        return model if model is not None else (lambda fn: fn)
+
+    compile_, torch.compile = torch.compile, uncompiled
+    try:
+        yield
+    finally:
+        torch.compile = compile_
+
+
 def serve(arch: str, workers: int, jobs: int, reports) -> None:
     """Import quack and all its builds need (then report ``imported`` with the seconds the
     GPU-blind set-up and quack's import took: the rest of the time to that line, in the
@@ -403,17 +450,18 @@ def serve(arch: str, workers: int, jobs: int, reports) -> None:
         reports.flush()
 
     t0 = time.perf_counter()
-    configure_gpu_blind(arch, os.environ.get("QUACK_CACHE_DIR"))
-    t1 = time.perf_counter()
-    # what every child would import, once, here: an import a child started could wait forever
-    # on a lock a thread of the process this one was forked from held
-    import quack.cache.jit  # noqa: F401
-    import quack.gemm  # noqa: F401
-    import quack.gemm_runtime.host  # noqa: F401
+    with _uncompiled_torch_compile():
+        configure_gpu_blind(arch, os.environ.get("QUACK_CACHE_DIR"))
+        t1 = time.perf_counter()
+        # what every child would import, once, here: an import a child started could wait
+        # forever on a lock a thread of the process this one was forked from held
+        import quack.cache.jit  # noqa: F401
+        import quack.gemm  # noqa: F401
+        import quack.gemm_runtime.host  # noqa: F401
 
-    import cutetune.tuner.quack_epilogues  # noqa: F401
+        import cutetune.tuner.quack_epilogues  # noqa: F401
 
-    launcher.import_quack()  # what a plain kernel's library is built through
+        launcher.import_quack()  # what a plain kernel's library is built through
 
     gc.freeze()  # and each kernel's child leaves the imports' objects alone
     report(f"imported gpu_blind={t1 - t0:.2f} quack={time.perf_counter() - t1:.2f}")

@@ -1,0 +1,113 @@
+"""Reduced mode's kernels sent to the compile helper from Dynamo's graph, before AOTAutograd.
+
+The prefetcher (``prefetch.py``) gets a graph's top-k kernels when Inductor lowers its first
+GEMM node, after AOTAutograd has traced, decomposed and partitioned the graph: seconds into a
+fresh process's first compile, which its benchmark then waits out for the helper's compiles.
+Dynamo's graph already holds the GEMMs (``linear``, ``matmul``, ``mm``, ``bmm`` calls with
+fake-tensor values), so a pre-grad pass can read their problems as Inductor will see them
+and send the kernels then. What it reads wrong (a layout lowering changes) costs a kernel
+built for nothing; what it misses is sent at lowering as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from typing import Callable
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from cutetune.space.problem import GemmProblem, ProblemError
+
+from . import launcher
+
+log = logging.getLogger(__name__)
+
+# Dynamo's targets for a product of two matrices whose operands reach Inductor's mm/bmm as
+# they are, and whether a first operand of more dimensions has its leading ones folded into M
+# (matmul's decomposition, also linear's)
+PRODUCTS = {torch.mm: False, torch.bmm: False, torch.matmul: True, operator.matmul: True}
+METHODS = {"mm": False, "bmm": False, "matmul": True, "__matmul__": True}
+
+
+def _value(arg) -> torch.Tensor | None:
+    value = getattr(arg, "meta", {}).get("example_value")
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _operands(node: torch.fx.Node) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The fake A and B of the mm/bmm that ``node`` decomposes into, None where it is none (a
+    linear with a bias is an addmm, whose epilogue makes other kernels, and a product of
+    vectors or of batches that broadcast is left to lowering)."""
+    if node.op == "call_function" and node.target is torch._C._nn.linear:
+        x, w = (_value(a) for a in node.args[:2])
+        bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+        if x is None or w is None or bias is not None or w.dim() != 2:
+            return None
+        a, b, folded = x, w.t(), True  # linear without a bias is matmul(x, w.t())
+    elif node.op == "call_function" and node.target in PRODUCTS:
+        (a, b), folded = (_value(x) for x in node.args[:2]), PRODUCTS[node.target]
+    elif node.op == "call_method" and node.target in METHODS:
+        (a, b), folded = (_value(x) for x in node.args[:2]), METHODS[node.target]
+    else:
+        return None
+    if a is None or b is None:
+        return None
+    if folded and b.dim() == 2 and a.dim() >= 3:
+        try:  # matmul folds into a mm where that is a view (else a bmm or a copy: left)
+            return a.view(-1, a.shape[-1]), b
+        except (RuntimeError, ValueError):  # a fake tensor's view raises the latter
+            return None
+    if a.dim() == b.dim() and a.dim() in (2, 3) and a.shape[:-2] == b.shape[:-2]:
+        return a, b
+    return None
+
+
+def dynamo_gemms(graph: torch.fx.Graph, arch: Callable[[torch.device], str | None]
+                 ) -> list[GemmProblem]:
+    """The distinct GemmProblems of a Dynamo graph's mm/bmm-to-be that quack can run, with
+    the layouts their decompositions give the operands (a bmm of one batch is left out, as
+    ``inductor.graph_gemms`` leaves it)."""
+    problems = []
+    for node in graph.nodes:
+        operands = _operands(node)
+        out = _value(node)
+        if operands is None or out is None:
+            continue
+        a, b = operands
+        if a.dim() == 3 and a.shape[0] == 1:
+            continue
+        try:
+            problems.append(launcher.static_gemm_problem(a.shape, a.stride(), b.shape,
+                                                         b.stride(), a.dtype, out.dtype,
+                                                         arch(a.device)))
+        except ProblemError:
+            continue
+    return list(dict.fromkeys(problems))
+
+
+class EarlyPrefetchPass(CustomGraphPass):
+    """A pre-grad pass that hands ``send`` the problems of ``dynamo_gemms``, after running the
+    user's own pre-grad pass, and leaves the graph as it is. ``key`` identifies what decides
+    (it goes into ``uuid()``). A failure is logged and costs compile time only."""
+
+    def __init__(self, send: Callable[[list[GemmProblem]], None], key: str,
+                 arch: Callable[[torch.device], str | None],
+                 user_pass: CustomGraphPass | None = None) -> None:
+        self.send, self.key, self.arch, self.user_pass = send, key, arch, user_pass
+
+    def uuid(self) -> str:
+        user = self.user_pass.uuid() if self.user_pass is not None else None
+        return f"cutetune-early-prefetch:{self.key}:{user!r}"
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        if self.user_pass is not None:
+            self.user_pass(graph)
+        try:
+            problems = dynamo_gemms(graph, self.arch)
+            if problems:
+                self.send(problems)
+        except Exception as e:  # noqa: BLE001
+            log.warning("cutetune: early kernel prefetch failed (%s: %s); kernels are sent "
+                        "at lowering", type(e).__name__, e)
