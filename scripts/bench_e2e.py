@@ -243,15 +243,16 @@ def worker(spec: dict) -> dict:
             quack_before = "quack" in sys.modules
             log_times.restart()
             # Timed from enable(): a user pays what it starts (the reduced-mode compile
-            # workers), Inductor's import in the process's first compile and, in the first
-            # that launches a quack kernel, quack's.
+            # workers), Inductor's import in the process's first compile (after enable(), as
+            # in a script that enables cutetune before it compiles) and, in the first that
+            # launches a quack kernel, quack's.
             t0 = time.perf_counter()
-            from torch._inductor.utils import run_and_get_code
-
             ctx = contextlib.nullcontext()
             if mode in ("predicted", "reduced"):
                 enable = importlib.import_module(spec.get("enable_from", ENABLE_FROM[0])).enable
                 ctx = enable(mode, top_k=spec.get("top_k"), model=spec.get("heuristics"))
+            from torch._inductor.utils import run_and_get_code
+
             compiled = torch.compile(module, options=options)
             with ctx:
                 out, code = run_and_get_code(compiled, x)

@@ -129,6 +129,12 @@
 #      and warm caches, entered through cutetune.enable, then reduced alone entered through
 #      cutetune.tuner.inductor.enable (the helper forked after Inductor's import)
 #   early2  early's compile times again, both entries
+#   early3  (after the benchmark imported Inductor after enable(), as a script that enables
+#      cutetune before it compiles does, and the forked helper's test stopped expecting no
+#      object in quack's cache beside a library) the GPU tests of the forked helper and of the
+#      compiled MLP (bf16 and fp16), then early's compile times: max-autotune and reduced
+#      entered through cutetune.enable, reduced through cutetune.tuner.inductor.enable, and
+#      reduced through cutetune.enable again
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -473,6 +479,16 @@ cuda_graphs" -q --tb=short -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 130)"
     bench part_late_r2 --ms 4096 8192 --modes reduced --warm-for reduced --skip-overhead \
       --no-prebuilt-kernels --enable-from cutetune.tuner.inductor --budget-s "$(left 10)" ;;
+  early3)
+    timeout 200 python -m pytest -m gpu tests/test_inductor.py -k "forked or compiled_llama_mlp" \
+      -q --tb=short -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.full.log" \
+      | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -n 40 | tee "$E2E/gpu_tests_$CALL.log"
+    bench part_early3 --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
+      --skip-overhead --no-prebuilt-kernels --budget-s "$(left 220)"
+    bench part_late3 --ms 4096 8192 --modes reduced --warm-for reduced --skip-overhead \
+      --no-prebuilt-kernels --enable-from cutetune.tuner.inductor --budget-s "$(left 115)"
+    bench part_early3_r2 --ms 4096 8192 --modes reduced --warm-for reduced --skip-overhead \
+      --no-prebuilt-kernels --budget-s "$(left 10)" ;;
   library3)
     timeout 120 python -m pytest -m gpu tests/test_inductor.py -k forked -q --tb=short \
       -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" \
