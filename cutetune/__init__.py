@@ -18,7 +18,9 @@ def enable(mode: str = "predicted", **options):
     """``cutetune.tuner.inductor.enable`` (same arguments, same Installation), entered without
     importing Inductor first: in reduced mode the compile helper is forked before that import,
     so the helper's own imports (cutlass and quack) run beside Inductor's instead of after
-    them."""
+    them. On the H200 host a cold MLP's first benchmark then waited 1.67-2.87 s for the helper,
+    against 3.21-4.10 s entered through ``cutetune.tuner.inductor``
+    (data/bench/e2e_h200_1gpu_early*.json.gz, _late*.json.gz)."""
     if mode == "reduced" and options.get("prefetch", True) is True:
         _start_compile_helper()
     from cutetune.tuner.inductor import enable as enable_inductor

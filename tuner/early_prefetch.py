@@ -21,6 +21,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from cutetune.space.problem import GemmProblem, ProblemError
 
 from . import launcher
+from .graph_pass import ChainedPass
 
 log = logging.getLogger(__name__)
 
@@ -87,23 +88,19 @@ def dynamo_gemms(graph: torch.fx.Graph, arch: Callable[[torch.device], str | Non
     return list(dict.fromkeys(problems))
 
 
-class EarlyPrefetchPass(CustomGraphPass):
-    """A pre-grad pass that hands ``send`` the problems of ``dynamo_gemms``, after running the
-    user's own pre-grad pass, and leaves the graph as it is. ``key`` identifies what decides
-    (it goes into ``uuid()``). A failure is logged and costs compile time only."""
+class EarlyPrefetchPass(ChainedPass):
+    """A pre-grad pass that hands ``send`` the problems of ``dynamo_gemms`` and leaves the
+    graph as it is. A failure is logged and costs compile time only."""
+
+    NAME = "cutetune-early-prefetch"
 
     def __init__(self, send: Callable[[list[GemmProblem]], None], key: str,
                  arch: Callable[[torch.device], str | None],
                  user_pass: CustomGraphPass | None = None) -> None:
-        self.send, self.key, self.arch, self.user_pass = send, key, arch, user_pass
+        super().__init__(key, user_pass)
+        self.send, self.arch = send, arch
 
-    def uuid(self) -> str:
-        user = self.user_pass.uuid() if self.user_pass is not None else None
-        return f"cutetune-early-prefetch:{self.key}:{user!r}"
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        if self.user_pass is not None:
-            self.user_pass(graph)
+    def apply(self, graph: torch.fx.Graph) -> None:
         try:
             problems = dynamo_gemms(graph, self.arch)
             if problems:

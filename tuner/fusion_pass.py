@@ -24,6 +24,7 @@ from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem, ProblemError
 
 from . import launcher, swiglu
+from .graph_pass import ChainedPass
 
 log = logging.getLogger(__name__)
 
@@ -74,27 +75,23 @@ def _static_problem(x, w, arch: Callable[[torch.device], str | None]) -> GemmPro
                                         a.dtype, arch(a.device))
 
 
-class SwigluFusionPass(CustomGraphPass):
+class SwigluFusionPass(ChainedPass):
     """``decide(problem) -> KernelConfig | None`` says, per up projection, which config to fuse
     with; ``key`` identifies what decides (it goes into ``uuid()``); ``arch(device)`` is
     quack's arch for a device, None where quack cannot run; ``prepare(problem, config)``, if
     given, is told of each fusion at once, to get the kernel ready while Inductor compiles."""
 
+    NAME = "cutetune-swiglu"
+
     def __init__(self, decide: Callable[[GemmProblem], KernelConfig | None], key: str,
                  arch: Callable[[torch.device], str | None],
                  user_pass: CustomGraphPass | None = None,
                  prepare: Callable[[GemmProblem, KernelConfig], None] | None = None) -> None:
-        self.decide, self.key, self.arch, self.user_pass = decide, key, arch, user_pass
-        self.prepare = prepare
+        super().__init__(key, user_pass)
+        self.decide, self.arch, self.prepare = decide, arch, prepare
         self.fused: list[tuple[GemmProblem, KernelConfig]] = []  # what this process fused
 
-    def uuid(self) -> str:
-        user = self.user_pass.uuid() if self.user_pass is not None else None
-        return f"cutetune-swiglu:{self.key}:{user!r}"
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        if self.user_pass is not None:
-            self.user_pass(graph)
+    def apply(self, graph: torch.fx.Graph) -> None:
         from torch._inductor.pattern_matcher import PatternMatcherPass, register_graph_pattern
 
         matcher = PatternMatcherPass(pass_name="cutetune_swiglu")

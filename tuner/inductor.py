@@ -13,9 +13,11 @@ Modes:
              (``AlgorithmSelectorCache.__call__`` returns it as is), so compiling costs a table
              lookup plus the kernel compile, which quack caches on disk.
   reduced    the top-k configs plus ATen, benchmarked by Inductor; ``feedback=PATH`` appends
-             those timings to a cutetune dataset. When the first GEMM node of a graph is
-             lowered, the top-k kernels of all its mm/bmm nodes go to parallel compile workers
-             (``prefetch.py``), so they compile at once instead of one by one in the benchmark.
+             those timings to a cutetune dataset. The top-k kernels of a graph's GEMMs go to
+             parallel compile workers (``prefetch.py``) from Dynamo's graph, before AOTAutograd
+             (a pre-grad pass, ``early_prefetch.py``), and any it missed when the graph's
+             first GEMM node is lowered, so they compile at once instead of one by one in the
+             benchmark.
   off        nothing installed (an active cutetune installation is lifted for the block).
 Nodes quack cannot run (dtype, layout, alignment, dynamic shapes, a GPU other than sm90/sm100)
 keep Inductor's own candidates: ATen alone under default settings. Both modes leave to
@@ -518,7 +520,8 @@ def host_bound_us() -> float:
 # The modules whose code decides what a node's generated code calls.
 DECISION_MODULES = ("cutetune.tuner.inductor", "cutetune.tuner.launcher",
                     "cutetune.tuner.swiglu", "cutetune.tuner.fusion_pass",
-                    "cutetune.tuner.heuristics", "cutetune.models.triton_mm",
+                    "cutetune.tuner.graph_pass", "cutetune.tuner.heuristics",
+                    "cutetune.models.triton_mm",
                     "cutetune.space.features", "cutetune.space.rules", "cutetune.space.config",
                     "cutetune.space.problem", "cutetune.space.device")
 

@@ -2,10 +2,11 @@
 
 In reduced mode Inductor benchmarks each GEMM node's top-k quack configs in this process, one
 node after another; each cold config compiles on its first call (1.2-2.7 s apiece). The
-prefetcher hands every kernel a graph will need to GPU-blind compile processes as soon as the
-first node is lowered, so they compile at once while Inductor lowers and benchmarks. A plain mm
-kernel is built as a TVM-FFI library (``gemm_library``), which this process's first launch
-loads without importing quack; any other kernel goes to quack's disk cache (a worker compiles
+prefetcher hands every kernel a graph will need to GPU-blind compile processes as soon as
+Dynamo has traced it (``early_prefetch.py``), so they compile at once while AOTAutograd traces
+and Inductor lowers and benchmarks. A plain mm kernel is built as a TVM-FFI library
+(``gemm_library``), which this process's first launch loads without importing quack; any
+other kernel goes to quack's disk cache (a worker compiles
 under the kernel's exclusive file lock and exports the object file, which this process's first
 launch of the config loads through quack, about 1 ms). Before a node's benchmark, Inductor's
 preprocessing hook (``inductor.await_prefetched``) waits for that node's kernels still being
@@ -18,13 +19,16 @@ slow or broken prefetcher never changes results, only compile time.
 
 The workers come from one helper process that imports quack once and forks a child per
 kernel, so a worker starts in a fraction of a second instead of paying ``import cutlass``. The
-helper is forked from this process (``_ForkedHelper``) and fed over a pipe: it inherits torch and
-Inductor already imported, and imports only cutlass and quack. A fresh interpreter took 13.5-15.7
+helper is forked from this process (``_ForkedHelper``) and fed over a pipe: it inherits what
+this process has imported (torch, and Inductor if forked after it), and imports cutlass and
+quack. A fresh interpreter took 13.5-15.7
 s on the H200 host just to reach that point (loading torch's CUDA libraries, then cutlass and
 quack: data/bench/helper_probe_h200.json), longer than max-autotune's whole compile of the
 benchmark's MLP. The helper never touches the GPU (quack's GPU-blind compile set-up), so the
 parent's CUDA context, which a fork cannot share, does not matter to it; nothing of the user's
-``__main__`` runs in it. ``enable(mode="reduced")`` starts it so it loads while Dynamo traces.
+``__main__`` runs in it. ``enable(mode="reduced")`` starts it so it loads while Dynamo traces;
+``cutetune.enable`` starts it before Inductor's import, so it loads while that runs too (it
+then imports Dynamo itself, but not Inductor: ``_uncompiled_torch_compile``).
 
 The same helper builds the fused SwiGLU kernels' TVM-FFI libraries (``submit_swiglu``,
 ``aot.py``); in predicted mode it starts with the first such build.

@@ -1,0 +1,30 @@
+"""The base of cutetune's Inductor graph passes: each takes one custom-pass slot of Inductor's
+config and runs the user's own pass of that slot first."""
+
+from __future__ import annotations
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+
+class ChainedPass(CustomGraphPass):
+    """``apply(graph)`` after ``user_pass`` (the slot's previous pass, if any); ``key`` says
+    what decides, and goes with the user's pass into ``uuid()``, so into Inductor's cache
+    key."""
+
+    NAME = "cutetune"
+
+    def __init__(self, key: str, user_pass: CustomGraphPass | None = None) -> None:
+        self.key, self.user_pass = key, user_pass
+
+    def uuid(self) -> str:
+        user = self.user_pass.uuid() if self.user_pass is not None else None
+        return f"{self.NAME}:{self.key}:{user!r}"
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        if self.user_pass is not None:
+            self.user_pass(graph)
+        self.apply(graph)
+
+    def apply(self, graph: torch.fx.Graph) -> None:
+        raise NotImplementedError
