@@ -135,6 +135,9 @@
 #      compiled MLP (bf16 and fp16), then early's compile times: max-autotune and reduced
 #      entered through cutetune.enable, reduced through cutetune.tuner.inductor.enable, and
 #      reduced through cutetune.enable again
+#   final  (after the fusion and early-prefetch passes shared their base class and the
+#      early-prefetch pass left symbolic shapes alone) the early case's GPU tests, then compile
+#      times of max-autotune and reduced (through cutetune.enable) at M 4096 8192
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -489,6 +492,13 @@ cuda_graphs" -q --tb=short -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.
       --no-prebuilt-kernels --enable-from cutetune.tuner.inductor --budget-s "$(left 115)"
     bench part_early3_r2 --ms 4096 8192 --modes reduced --warm-for reduced --skip-overhead \
       --no-prebuilt-kernels --budget-s "$(left 10)" ;;
+  final)
+    timeout 200 python -m pytest -m gpu tests/test_launcher.py tests/test_inductor.py \
+      tests/test_swiglu.py -k "library or forked or compiled_llama_mlp or predicted_mode or \
+cuda_graphs" -q --tb=short -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.full.log" \
+      | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -n 40 | tee "$E2E/gpu_tests_$CALL.log"
+    bench part_final --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
+      --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
   library3)
     timeout 120 python -m pytest -m gpu tests/test_inductor.py -k forked -q --tb=short \
       -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" \

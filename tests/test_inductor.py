@@ -918,6 +918,32 @@ def test_dynamo_gemms_reads_the_problems_lowering_will_see():
     assert dynamo_gemms(dynamo, lambda device: None) == []  # not a quack GPU
 
 
+def test_dynamo_gemms_leaves_dynamic_shapes_alone():
+    """A graph traced with dynamic shapes is left to lowering: no problem to send, and no
+    fake-tensor op run on its symbolic operands (one could add guards to Dynamo's shape
+    environment), so no guard added."""
+    from cutetune.tuner.early_prefetch import _operands, dynamo_gemms
+
+    x, w = torch.randn(4, 16, 256, dtype=BF16), torch.randn(512, 256, dtype=BF16)
+    graphs = {}
+
+    def capture(gm, example_inputs):
+        env = next(v.fake_mode.shape_env for v in (n.meta["example_value"]
+                                                   for n in gm.graph.nodes
+                                                   if n.op == "placeholder")
+                   if isinstance(v, torch.Tensor))
+        before = len(env.guards)
+        graphs["got"] = dynamo_gemms(gm.graph, lambda device: "sm90")
+        graphs["read"] = [n.name for n in gm.graph.nodes if _operands(n) is not None]
+        graphs["new_guards"] = len(env.guards) - before
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(lambda x, w: (torch.nn.functional.linear(x, w) @ w,
+                                x.transpose(0, 1) @ w.t()), backend=capture, dynamic=True)(x, w)
+    assert graphs == {"got": [], "read": [], "new_guards": 0}
+
+
 def test_reduced_mode_sends_kernels_from_dynamos_graph(fake_gpu):
     """Reduced mode with a prefetcher installs a pre-grad pass that runs the user's pass and
     then sends each GEMM's top-k kernels from Dynamo's graph, leaving the graph as it was; the

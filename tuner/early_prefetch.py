@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._subclasses.fake_tensor import FakeTensor
 
 from cutetune.space.problem import GemmProblem, ProblemError
 
@@ -33,8 +34,14 @@ METHODS = {"mm": False, "bmm": False, "matmul": True, "__matmul__": True}
 
 
 def _value(arg) -> torch.Tensor | None:
+    """A node's fake tensor where it has static sizes and strides: an op on symbolic ones
+    could add guards to Dynamo's shape environment, and such a GEMM has no static problem
+    anyway; a tensor subclass (DTensor, say) is left to lowering too."""
     value = getattr(arg, "meta", {}).get("example_value")
-    return value if isinstance(value, torch.Tensor) else None
+    if type(value) is not FakeTensor:
+        return None
+    static = all(type(d) is int for d in (*value.shape, *value.stride()))
+    return value if static else None
 
 
 def _operands(node: torch.fx.Node) -> tuple[torch.Tensor, torch.Tensor] | None:
