@@ -977,6 +977,35 @@ def test_reduced_mode_sends_kernels_from_dynamos_graph(fake_gpu):
         [(64, 512, 256, "k", A), (64, 512, 256, "k", B)]]
 
 
+def test_a_chained_pass_runs_a_plain_function_first_and_then_has_no_uuid():
+    """A user's pass that is a plain function (or a CustomGraphPass without a uuid) runs
+    before cutetune's, and the chain then has no uuid either, so Inductor bypasses its caches
+    as it would for that pass alone, instead of failing on the missing uuid."""
+    from cutetune.tuner.early_prefetch import EarlyPrefetchPass
+
+    dynamo, _ = dynamo_and_aot_graphs(lambda x, w: x @ w, torch.randn(64, 256, dtype=BF16),
+                                      torch.randn(256, 512, dtype=BF16))
+    ran = []
+
+    class NoUuid(CustomGraphPass):
+        def __call__(self, graph):
+            ran.append("no uuid")
+
+        def uuid(self):
+            return None
+
+    def chain(user):
+        return EarlyPrefetchPass(lambda problems: ran.append(len(problems)), "k",
+                                 lambda device: "sm90", user)
+
+    plain = chain(lambda graph: ran.append("user"))
+    assert plain.uuid() is None and chain(NoUuid()).uuid() is None
+    assert chain(None).uuid() == "cutetune-early-prefetch:k:None"
+    plain(dynamo)
+    chain(NoUuid())(dynamo)
+    assert ran == ["user", 1, "no uuid", 1]
+
+
 def test_prefetch_only_in_reduced_mode_and_its_failure_costs_nothing(fake_gpu):
     rec = RecordingPrefetcher()
     with ci.enable("predicted", model=FakeHeuristics(), prefetch=lambda arch: rec):

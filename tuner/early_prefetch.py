@@ -16,7 +16,6 @@ import operator
 from typing import Callable
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._subclasses.fake_tensor import FakeTensor
 
 from cutetune.space.problem import GemmProblem, ProblemError
@@ -103,7 +102,7 @@ class EarlyPrefetchPass(ChainedPass):
 
     def __init__(self, send: Callable[[list[GemmProblem]], None], key: str,
                  arch: Callable[[torch.device], str | None],
-                 user_pass: CustomGraphPass | None = None) -> None:
+                 user_pass: Callable[[torch.fx.Graph], None] | None = None) -> None:
         super().__init__(key, user_pass)
         self.send, self.arch = send, arch
 

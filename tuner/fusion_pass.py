@@ -18,7 +18,6 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem, ProblemError
@@ -85,7 +84,7 @@ class SwigluFusionPass(ChainedPass):
 
     def __init__(self, decide: Callable[[GemmProblem], KernelConfig | None], key: str,
                  arch: Callable[[torch.device], str | None],
-                 user_pass: CustomGraphPass | None = None,
+                 user_pass: Callable[[torch.fx.Graph], None] | None = None,
                  prepare: Callable[[GemmProblem, KernelConfig], None] | None = None) -> None:
         super().__init__(key, user_pass)
         self.decide, self.arch, self.prepare = decide, arch, prepare

@@ -3,23 +3,30 @@ config and runs the user's own pass of that slot first."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 
 class ChainedPass(CustomGraphPass):
-    """``apply(graph)`` after ``user_pass`` (the slot's previous pass, if any); ``key`` says
-    what decides, and goes with the user's pass into ``uuid()``, so into Inductor's cache
-    key."""
+    """``apply(graph)`` after ``user_pass`` (the slot's previous pass, if any: a
+    CustomGraphPass or a plain function); ``key`` says what decides, and goes with the user's
+    pass into ``uuid()``, so into Inductor's cache key."""
 
     NAME = "cutetune"
 
-    def __init__(self, key: str, user_pass: CustomGraphPass | None = None) -> None:
+    def __init__(self, key: str, user_pass: Callable[[torch.fx.Graph], None] | None = None
+                 ) -> None:
         self.key, self.user_pass = key, user_pass
 
-    def uuid(self) -> str:
-        user = self.user_pass.uuid() if self.user_pass is not None else None
-        return f"{self.NAME}:{self.key}:{user!r}"
+    def uuid(self) -> str | None:
+        """None where the user's pass has no uuid (a plain function, say): Inductor then
+        bypasses its caches, as it would for that pass alone."""
+        if self.user_pass is None:
+            return f"{self.NAME}:{self.key}:None"
+        user = self.user_pass.uuid() if isinstance(self.user_pass, CustomGraphPass) else None
+        return f"{self.NAME}:{self.key}:{user!r}" if user else None
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         if self.user_pass is not None:
