@@ -869,8 +869,9 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
     cutetune. ``top_k``: reduced-mode candidates (default REDUCED_TOP_K). ``feedback``: a
     dataset folder that receives Inductor's reduced-mode timings. ``prefetch`` (reduced mode):
     compile each graph's candidate kernels in parallel worker processes, started now so they
-    load while Dynamo traces (True), not at all (False), or a callable ``arch -> object with
-    submit(kernels)``. Both modes keep the Triton template kernels they lead Inductor to
+    load while Dynamo traces (``cutetune.enable`` starts them before Inductor's import) and
+    sent the kernels from Dynamo's graph (True), not at all (False), or a callable ``arch ->
+    object with submit(kernels)``. Both modes keep the Triton template kernels they lead Inductor to
     compile in cutetune's kernel cache (``tuner/template_cache.py``), and with ``fuse_swiglu``
     run ``silu(g) * mm(x, w)`` as one quack GEMM where it is not host-bound (``swiglu.py``).
     """
