@@ -163,6 +163,15 @@ bench() {  # bench OUT_NAME EXTRA_ARGS...: every mode (or --modes) at the given 
   python scripts/bench_e2e.py --modes default max-autotune predicted reduced \
     --warm-for predicted reduced --save-code "$E2E/code" --budget-s "$(left 20)" "$@" --out "$E2E/$name.json" 2>&1 | tee -a "$E2E/e2e.log"
 }
+gpu_tests() {  # gpu_tests TIMEOUT_S PYTEST_ARGS...: the GPU tests, the whole log kept, the
+  # failures and the count in gpu_tests_$CALL.log
+  local limit=$1; shift
+  timeout "$limit" python -m pytest -m gpu "$@" -q --tb=short -p no:cacheprovider 2>&1 \
+    | tee "$E2E/gpu_tests_$CALL.full.log" | grep -E "^(FAILED|ERROR|E  )|passed|failed" \
+    | tail -n 40 | tee "$E2E/gpu_tests_$CALL.log"
+}
+# the plain and fused libraries, the forked helper, the compiled MLP, predicted mode, CUDA graphs
+LIBRARY_TESTS="library or forked or compiled_llama_mlp or predicted_mode or cuda_graphs"
 host_bound_steps() {  # host_bound_steps TAG RESERVE_S: the GPU tests of host-bound mm, then
   # every mode's steps in one process at M 1 16 128, leaving RESERVE_S of the call for later;
   # timed on one CPU since call pinned (same-code steps differed by 1.1 % pinned, 3.0 % not)
@@ -458,19 +467,15 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
     bench part_fork2 --ms 4096 8192 --modes default max-autotune predicted reduced \
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
   library)
-    timeout 300 python -m pytest -m gpu tests/test_launcher.py tests/test_inductor.py \
-      tests/test_swiglu.py -k "library or forked or compiled_llama_mlp or predicted_mode or \
-cuda_graphs" -q --tb=short -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.full.log" \
-      | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -n 40 | tee "$E2E/gpu_tests_$CALL.log"
+    gpu_tests 300 tests/test_launcher.py tests/test_inductor.py tests/test_swiglu.py \
+      -k "$LIBRARY_TESTS"
     bench part_library --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 210)"
     bench part_library_r2 --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
   early)
-    timeout 300 python -m pytest -m gpu tests/test_launcher.py tests/test_inductor.py \
-      tests/test_swiglu.py -k "library or forked or compiled_llama_mlp or predicted_mode or \
-cuda_graphs" -q --tb=short -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.full.log" \
-      | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -n 40 | tee "$E2E/gpu_tests_$CALL.log"
+    gpu_tests 300 tests/test_launcher.py tests/test_inductor.py tests/test_swiglu.py \
+      -k "$LIBRARY_TESTS"
     timeout 120 python scripts/helper_probe.py --repeats 2 --cases fork fork_early \
       --out "$E2E/helper_probe_early.json" 2>&1 | tee "$E2E/helper_probe_early.log"
     bench part_early --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
@@ -483,9 +488,7 @@ cuda_graphs" -q --tb=short -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.
     bench part_late_r2 --ms 4096 8192 --modes reduced --warm-for reduced --skip-overhead \
       --no-prebuilt-kernels --enable-from cutetune.tuner.inductor --budget-s "$(left 10)" ;;
   early3)
-    timeout 200 python -m pytest -m gpu tests/test_inductor.py -k "forked or compiled_llama_mlp" \
-      -q --tb=short -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.full.log" \
-      | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -n 40 | tee "$E2E/gpu_tests_$CALL.log"
+    gpu_tests 200 tests/test_inductor.py -k "forked or compiled_llama_mlp"
     bench part_early3 --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 220)"
     bench part_late3 --ms 4096 8192 --modes reduced --warm-for reduced --skip-overhead \
@@ -493,10 +496,8 @@ cuda_graphs" -q --tb=short -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.
     bench part_early3_r2 --ms 4096 8192 --modes reduced --warm-for reduced --skip-overhead \
       --no-prebuilt-kernels --budget-s "$(left 10)" ;;
   final)
-    timeout 200 python -m pytest -m gpu tests/test_launcher.py tests/test_inductor.py \
-      tests/test_swiglu.py -k "library or forked or compiled_llama_mlp or predicted_mode or \
-cuda_graphs" -q --tb=short -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.full.log" \
-      | grep -E "^(FAILED|ERROR|E  )|passed|failed" | tail -n 40 | tee "$E2E/gpu_tests_$CALL.log"
+    gpu_tests 200 tests/test_launcher.py tests/test_inductor.py tests/test_swiglu.py \
+      -k "$LIBRARY_TESTS"
     bench part_final --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
   library3)

@@ -388,6 +388,23 @@ def load(key: str, device, cluster_size: int, what: str,
         return None
 
 
+def launch_from_library(plan, make_run, args: tuple, what: str) -> bool:
+    """A first launch from a library: run ``args`` through ``make_run()`` (a library's
+    ``run``, None where it is not built or does not load) and keep that ``run`` on ``plan``
+    (with ``via`` "library"). False where there is none or it failed (logged, naming ``what``
+    kernel): the caller then launches through quack."""
+    try:
+        run = make_run()
+        if run is not None:
+            run(*args)
+            plan.run, plan.via = run, "library"
+            return True
+    except Exception as e:  # noqa: BLE001
+        log.warning("cutetune: %s's library failed (%s: %s); using quack", what,
+                    type(e).__name__, e)
+    return False
+
+
 def _fill(value, clusters):
     """The recorded arguments as tuples, the cluster sentinel replaced by ``clusters()``."""
     if isinstance(value, list):

@@ -71,27 +71,30 @@ def _operands(node: torch.fx.Node) -> tuple[torch.Tensor, torch.Tensor] | None:
     return None
 
 
+def operand_problem(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, arch: str | None
+                    ) -> GemmProblem | None:
+    """The GemmProblem of a mm/bmm of these (fake) operands, None where quack cannot run it or
+    it is a bmm of one batch (which runs a batched kernel: its problem would read as a
+    mm's)."""
+    if a.dim() == 3 and a.shape[0] == 1:
+        return None
+    try:
+        return launcher.static_gemm_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype,
+                                            out.dtype, arch)
+    except ProblemError:
+        return None
+
+
 def dynamo_gemms(graph: torch.fx.Graph, arch: Callable[[torch.device], str | None]
                  ) -> list[GemmProblem]:
     """The distinct GemmProblems of a Dynamo graph's mm/bmm-to-be that quack can run, with
-    the layouts their decompositions give the operands (a bmm of one batch is left out, as
-    ``inductor.graph_gemms`` leaves it)."""
+    the layouts their decompositions give the operands (``operand_problem``)."""
     problems = []
     for node in graph.nodes:
-        operands = _operands(node)
-        out = _value(node)
-        if operands is None or out is None:
-            continue
-        a, b = operands
-        if a.dim() == 3 and a.shape[0] == 1:
-            continue
-        try:
-            problems.append(launcher.static_gemm_problem(a.shape, a.stride(), b.shape,
-                                                         b.stride(), a.dtype, out.dtype,
-                                                         arch(a.device)))
-        except ProblemError:
-            continue
-    return list(dict.fromkeys(problems))
+        operands, out = _operands(node), _value(node)
+        if operands is not None and out is not None:
+            problems.append(operand_problem(*operands, out, arch(operands[0].device)))
+    return list(dict.fromkeys(p for p in problems if p is not None))
 
 
 class EarlyPrefetchPass(ChainedPass):

@@ -84,7 +84,7 @@ from cutetune.space.problem import GemmProblem, ProblemError
 from cutetune.space.rules import is_valid
 
 from . import aot, launcher, swiglu, template_cache
-from .early_prefetch import EarlyPrefetchPass
+from .early_prefetch import EarlyPrefetchPass, operand_problem
 from .fusion_pass import SwigluFusionPass
 from .heuristics import Heuristics, HeuristicsError, ModelHeuristics, PackagedHeuristics
 from .measure import environment
@@ -250,15 +250,9 @@ def graph_gemms(graph: torch.fx.Graph, arch: str | None) -> list[GemmProblem]:
             continue
         a, b = (getattr(x, "meta", {}).get("val") for x in node.args[:2])
         out = node.meta.get("val")
-        if not all(isinstance(t, torch.Tensor) for t in (a, b, out)) or a.shape[0] == 1 and \
-                node.target == torch.ops.aten.bmm.default:
-            continue  # (a bmm of one batch runs a batched kernel: its problem reads as a mm's)
-        try:
-            problems.append(launcher.static_gemm_problem(a.shape, a.stride(), b.shape,
-                                                         b.stride(), a.dtype, out.dtype, arch))
-        except ProblemError:
-            continue
-    return problems
+        if all(isinstance(t, torch.Tensor) for t in (a, b, out)):
+            problems.append(operand_problem(a, b, out, arch))
+    return [p for p in problems if p is not None]
 
 
 def graph_problems(graph: torch.fx.Graph, arch: str | None) -> list[GemmProblem]:
@@ -794,6 +788,16 @@ def _resolve_source(model) -> str:
     return digest
 
 
+def _chain_pass(slot: str, kind: type, make) -> object:
+    """Set Inductor's custom-pass ``slot`` to ``make(user_pass)`` (None: to the user's pass
+    alone), where the user's pass is what the slot holds without an outer installation's pass
+    of this ``kind``; the slot's previous value, for ``disable``."""
+    prev = getattr(inductor_config, slot)
+    user_pass = prev.user_pass if isinstance(prev, kind) else prev
+    setattr(inductor_config, slot, make(user_pass) if make is not None else user_pass)
+    return prev
+
+
 class Installation:
     """An active ``enable()``: a context manager, or call ``disable()``. Restores the previous
     ``inductor_choices_class``, this thread's choices handler, the feedback savers, the
@@ -804,18 +808,14 @@ class Installation:
                  prefetch_for=None, fuse_swiglu: bool = False) -> None:
         global _prefetch_for
         self.factory, self.feedback = factory, feedback
-        self._prev_post_pass = inductor_config.post_grad_custom_post_pass
-        prev = self._prev_post_pass
-        user_pass = prev.user_pass if isinstance(prev, SwigluFusionPass) else prev
-        inductor_config.post_grad_custom_post_pass = (
-            swiglu_fusion_pass(factory, user_pass) if factory is not None and fuse_swiglu
-            else user_pass)
-        self._prev_pre_pass = inductor_config.pre_grad_custom_pass
-        prev = self._prev_pre_pass
-        user_pass = prev.user_pass if isinstance(prev, EarlyPrefetchPass) else prev
-        inductor_config.pre_grad_custom_pass = (
-            early_prefetch_pass(factory, user_pass)
-            if factory is not None and prefetch_for is not None else user_pass)
+        self._prev_post_pass = _chain_pass(
+            "post_grad_custom_post_pass", SwigluFusionPass,
+            (lambda user: swiglu_fusion_pass(factory, user))
+            if factory is not None and fuse_swiglu else None)
+        self._prev_pre_pass = _chain_pass(
+            "pre_grad_custom_pass", EarlyPrefetchPass,
+            (lambda user: early_prefetch_pass(factory, user))
+            if factory is not None and prefetch_for is not None else None)
         self._prev_manager = template_cache.install() if factory is not None else _UNSET
         self._prev_prefetch, _prefetch_for = _prefetch_for, prefetch_for
         self._prev_class = inductor_config.inductor_choices_class

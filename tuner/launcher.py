@@ -29,7 +29,7 @@ from cutetune.space.config import KernelConfig
 from cutetune.space.problem import TMA_ALIGN_BYTES, GemmProblem, ProblemError
 from cutetune.space.rules import violations
 
-from . import gemm_library
+from . import aot, gemm_library
 
 log = logging.getLogger(__name__)
 
@@ -173,20 +173,22 @@ _ATEN = _Plan(None)
 _plans: dict[tuple, _Plan] = {}
 
 
-def _call_problem(a, b, out, config: KernelConfig, c, beta) -> GemmProblem:
-    """The GemmProblem of a ``quack_mm_out`` call, or ProblemError naming why quack cannot run
-    it (from metadata: base pointers are checked on each call)."""
+def _call_problem(a, b, out, config: KernelConfig, c, beta) -> tuple[GemmProblem, str | None]:
+    """The GemmProblem of a ``quack_mm_out`` call and its addend's kind (``addend_kind``; None
+    without one), or ProblemError naming why quack cannot run it (from metadata: base
+    pointers are checked on each call)."""
     arch = device_arch(a.device)
     if b.device != a.device or out.device != a.device:
         raise ProblemError("operands are on different devices")
     problem = gemm_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype, out.dtype, arch)
     check_out(out.shape, out.stride(), out.dtype)
+    addend = None
     if c is not None:
         if a.dim() != 2:
             raise ProblemError("an addend is for addmm (2D operands) only")
-        addend_kind(c.shape, c.stride(), c.dtype, out.dtype, problem.m, problem.n, beta)
+        addend = addend_kind(c.shape, c.stride(), c.dtype, out.dtype, problem.m, problem.n, beta)
     check_config(config, arch, problem)
-    return problem
+    return problem, addend
 
 
 def unsupported_reason(a, b, out, config, c=None, beta: float = 1.0) -> str | None:
@@ -208,12 +210,10 @@ def check_config(config: KernelConfig, arch: str, problem: GemmProblem) -> None:
 
 def _build_plan(a, b, out, config: KernelConfig, c, alpha, beta) -> _Plan:
     try:
-        problem = _call_problem(a, b, out, config, c, beta)
+        problem, addend = _call_problem(a, b, out, config, c, beta)
     except ProblemError as e:
         log.info("cutetune: ATen for %s @ %s (%s)", tuple(a.shape), tuple(b.shape), e)
         return _ATEN
-    addend = None if c is None else addend_kind(c.shape, c.stride(), c.dtype, out.dtype,
-                                                a.shape[0], b.shape[1], beta)
     library = None
     if addend is None and alpha == 1 and a.dim() == 2 \
             and gemm_library.unsupported_reason(problem, config) is None:
@@ -327,16 +327,10 @@ def quack_dispatch_plan(config: KernelConfig, arch: str, a, b, out):
 def _first_launch(plan: _Plan, a, b, out, c, alpha, beta) -> None:
     """Launch from the kernel's library where it has one built and it runs, else through quack
     (a failure there too reaches ``launch_first``, which retires the call to ATen)."""
-    if plan.library is not None:
-        try:
-            run = gemm_library.runner(plan.config, plan.library, a.device)
-            if run is not None:
-                run(a, b, out)
-                plan.run, plan.via = run, "library"
-                return
-        except Exception as e:  # noqa: BLE001
-            log.warning("cutetune: the kernel's library failed (%s: %s); using quack",
-                        type(e).__name__, e)
+    if plan.library is not None and aot.launch_from_library(
+            plan, lambda: gemm_library.runner(plan.config, plan.library, a.device), (a, b, out),
+            "the kernel"):
+        return
     _launch(plan, a, b, out, c, alpha, beta)
     plan.via = "quack"
 

@@ -218,15 +218,10 @@ def _first_launch(plan: _Plan, a, b, gate, out) -> None:
     """Launch from the kernel's library if it loads and runs, else through quack (a failure
     there too reaches ``launch_first``, which retires the call to ATen): the helper's build
     failed, or it had none to do (no C compiler, quack's disk cache off)."""
-    try:
-        run = _library_runner(plan.config, plan.library, a.device)
-        if run is not None:
-            run(a, b, gate, out)
-            plan.run, plan.via = run, "library"
-            return
-    except Exception as e:  # noqa: BLE001
-        log.warning("cutetune: the fused kernel's library failed (%s: %s); using quack",
-                    type(e).__name__, e)
+    if aot.launch_from_library(plan, lambda: _library_runner(plan.config, plan.library,
+                                                             a.device),
+                               (a, b, gate, out), "the fused kernel"):
+        return
     run = _quack_runner(plan.config, a, b, gate, out)
     run(a, b, gate, out)
     plan.run, plan.via = run, "quack"
