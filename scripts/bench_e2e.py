@@ -208,6 +208,9 @@ def _kernel_counts(code: str) -> dict:
         "aten": len(re.findall(r"extern_kernels\.(?:mm|addmm|bmm|bias_addmm)\(", code)),
         "triton_template": len(re.findall(r"\btriton_tem_\w+\.run\(", code)),
         "quack_swiglu": code.count("torch.ops.cutetune.mm_silu_mul.default("),
+        # a config per range of a dynamic M (ATen in some ranges)
+        "quack_by_m": len(re.findall(r"extern_kernels\.cutetune_quack_(?:add)?mm_by_m\(", code)),
+        "quack_swiglu_by_m": code.count("torch.ops.cutetune.mm_silu_mul_by_m.default("),
     }
 
 

@@ -138,6 +138,11 @@
 #   final  (after the fusion and early-prefetch passes shared their base class and the
 #      early-prefetch pass left symbolic shapes alone) the early case's GPU tests, then compile
 #      times of max-autotune and reduced (through cutetune.enable) at M 4096 8192
+#   dynamic  (after a GEMM whose M is dynamic got a config per range of M, plain and fused) the
+#      library case's GPU tests, which hold the dynamic-M tests of the compiled MLP and of
+#      predicted mode's fusion
+#   dynamic_steps  every mode compiled once with a dynamic M and timed at M 1 to 8192 in one
+#      process (scripts/step_dynamic.py)
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -500,6 +505,12 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
       -k "$LIBRARY_TESTS"
     bench part_final --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
+  dynamic)
+    gpu_tests "$(left 10)" tests/test_launcher.py tests/test_inductor.py tests/test_swiglu.py \
+      -k "$LIBRARY_TESTS" ;;
+  dynamic_steps)
+    timeout "$(left 10)" python scripts/step_dynamic.py --save-code "$E2E/code_dynamic" \
+      --pin-cpu 6 --out "$E2E/step_dynamic.json" 2>&1 | tail -n 5 | tee "$E2E/step_dynamic.log" ;;
   library3)
     timeout 120 python -m pytest -m gpu tests/test_inductor.py -k forked -q --tb=short \
       -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" \

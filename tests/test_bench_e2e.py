@@ -77,11 +77,15 @@ def test_quack_launch_host_time_follows_from_the_committed_measurements():
     assert abs(max(estimates) - QUACK_LAUNCH_HOST_US) < 0.5, estimates
 
 
-def _step_ab():
-    spec = importlib.util.spec_from_file_location("step_ab", REPO / "scripts" / "step_ab.py")
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _step_ab():
+    return _script("step_ab")
 
 
 def test_step_targets_from_one_process_results():
@@ -234,3 +238,12 @@ def test_the_first_import_of_a_module_names_its_importer(run_script):
     function whose import statement loaded the module, not a later import of it."""
     by = run_script(FIRST_IMPORT, REPO / "scripts" / "bench_e2e.py")["by"]
     assert by[-1].endswith(" culprit") and "script" in by[-1], by
+
+
+def test_step_dynamic_reports_predicted_over_the_better_baseline():
+    res = _script("step_dynamic").over_best({"16": {"default": 10.0, "max-autotune": 8.0, "predicted": 9.0},
+                                  "1024": {"default": 100.0, "predicted": 95.0},
+                                  "4096": {"default": 400.0, "max-autotune": 410.0,
+                                           "predicted": 380.0}})
+    assert res["by_m"] == {"16": 9.0 / 8.0, "1024": 0.95, "4096": 0.95}
+    assert res["geomean_m_ge_1024"] == pytest.approx(0.95)

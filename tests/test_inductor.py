@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import pickle
 import statistics
@@ -296,20 +297,30 @@ def fake_gpu(monkeypatch):
                         lambda *a, **k: pytest.fail("Inductor benchmarked the choices"))
 
 
-def lower(fn, *specs):
-    """Lower ``fn`` with Inductor's real lowerings; ``specs`` are (size, stride, dtype). Returns
-    (python_kernel_name, kwargs) of each extern kernel in the lowered graph."""
+def lower(fn, *specs, dynamic_m: bool = False):
+    """Lower ``fn`` with Inductor's real lowerings; ``specs`` are (size, stride, dtype), the
+    first one's first size symbolic with ``dynamic_m``. Returns (python_kernel_name, kwargs)
+    of each extern kernel in the lowered graph."""
+    from torch._dynamo.source import ConstantSource
     from torch._inductor.decomposition import select_decomp_table
     from torch._inductor.graph import GraphLowering
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    mode = FakeTensorMode()
+    env = ShapeEnv() if dynamic_m else None
+    mode = FakeTensorMode(shape_env=env)
+    sizes = [size for size, _, _ in specs]
+    if dynamic_m:
+        m = sizes[0][0]
+        sizes[0] = (env.create_symintnode(env.create_symbol(m, ConstantSource("m")), hint=m),
+                    *sizes[0][1:])
     with mode:
         args = [torch.empty_strided(size, stride, dtype=dtype, device="cuda")
-                for size, stride, dtype in specs]
-        gm = make_fx(fn, tracing_mode="fake", decomposition_table=select_decomp_table())(*args)
-    g = GraphLowering(gm, example_inputs=args)
+                for size, (_, stride, dtype) in zip(sizes, specs)]
+        gm = make_fx(fn, tracing_mode="real" if dynamic_m else "fake",
+                     decomposition_table=select_decomp_table())(*args)
+    g = GraphLowering(gm, example_inputs=args, shape_env=env)
     with V.set_graph_handler(g), V.set_fake_mode(mode):
         g.run(*args)
     return [(op.python_kernel_name, dict(op.kwargs)) for op in g.operations
@@ -372,6 +383,52 @@ def test_predicted_falls_back_to_aten(fake_gpu, monkeypatch):
         other_gpu = lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
     for kernels in (fp32, odd_k, cublas, host_bound, other_gpu):
         assert kernels == [("extern_kernels.mm", {})]
+
+
+def test_a_dynamic_m_gets_one_choice_with_a_config_per_range_of_m(fake_gpu, monkeypatch):
+    """An mm or addmm whose M is dynamic gets, in either mode, one choice (not benchmarked:
+    ``fake_gpu`` fails a test that benchmarks) running ATen for the M where the GEMM is
+    host-bound and the heuristics' top-1 above; where the model prefers cuBLAS at every M, or
+    a size other than M is dynamic, Inductor's ATen stands."""
+    monkeypatch.setattr(ci, "QUACK_LAUNCH_HOST_US", 48.0)
+    specs = (row(64, 4096), row(4096, 4096), row(4096))
+    by_m = [f"extern_kernels.{launcher.MM_BY_M_KERNEL}",
+            f"extern_kernels.{launcher.ADDMM_BY_M_KERNEL}"]
+    for mode in ("predicted", "reduced"):
+        with ci.enable(mode, model=FakeHeuristics()):
+            kernels = lower(lambda a, w, bias: (a @ w, torch.addmm(bias, a, w)), *specs,
+                            dynamic_m=True)
+        assert [name for name, _ in kernels] == by_m
+        (m_aten, aten), (m_last, top1) = kernels[0][1]["table"]
+        assert kernels[1][1] == {"table": kernels[0][1]["table"], "alpha": 1, "beta": 1}
+        assert aten is None and top1 == launcher.config_tuple(A)
+        assert m_last == launcher.M_UNBOUNDED
+        rung = 2 ** (m_aten.bit_length() - 1)  # the last rung of the ATen range
+        assert m_aten == math.isqrt(2 * rung * rung)
+        assert ci.host_bound(P(rung, 4096, 4096), 48.0) is not None
+        assert ci.host_bound(P(2 * rung, 4096, 4096), 48.0) is None
+    with ci.enable("predicted", model=FakeHeuristics(prefers_aten=True)):
+        assert lower(lambda a, w: a @ w, *specs[:2], dynamic_m=True) == [
+            ("extern_kernels.mm", {})]
+    with ci.enable("predicted", model=FakeHeuristics()):  # A column-major: its stride is M
+        assert lower(lambda a, w: a.t() @ w, row(4096, 64), row(4096, 4096),
+                     dynamic_m=True) == [("extern_kernels.mm", {})]
+
+
+def test_the_by_m_kernels_run_the_range_that_holds_m():
+    table = ((4, None), (launcher.M_UNBOUNDED, launcher.config_tuple(A)))
+    assert [launcher.config_for_m(table, m) for m in (1, 4, 5, 10 ** 9)] == [
+        None, None, table[1][1], table[1][1]]
+    for m in (3, 8):  # CPU tensors: ATen either way, through both paths
+        a, b, bias = torch.randn(m, 16), torch.randn(16, 4), torch.randn(4)
+        out = torch.empty(m, 4)
+        torch.testing.assert_close(launcher._cutetune_quack_mm_by_m(a, b, out=out, table=table),
+                                   a @ b)
+        torch.testing.assert_close(
+            launcher._cutetune_quack_addmm_by_m(bias, a, b, out=out, table=table, beta=0.5),
+            torch.addmm(bias, a, b, beta=0.5))
+    assert launcher.m_ranges(lambda m: m >= 64) == (
+        (45, False), (launcher.M_UNBOUNDED, True))  # 45 * 45 <= 2 * 32 * 32 < 46 * 46
 
 
 def test_off_and_no_installation_leave_inductor_alone(fake_gpu):
@@ -1500,6 +1557,50 @@ def test_gpu_compiled_llama_mlp(tmp_path, mode, dtype, monkeypatch, caplog):
         assert not sent[0].startswith("cutetune: 0 ") and sent[1].startswith("cutetune: 0 ")
     else:
         assert sent == []
+
+
+@gpu
+def test_gpu_compiled_llama_mlp_with_a_dynamic_m(monkeypatch):
+    """The MLP compiled once with its M dynamic (as Dynamo recompiles a graph for a new batch
+    size) runs every M right in that one graph, each projection on quack (the plain ones by
+    range of M, the up projection fused by range of M: its kernel from the compile helper)."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    from cutetune.tuner import swiglu
+
+    monkeypatch.setattr(ci, "QUACK_LAUNCH_HOST_US", 0.0)  # small shapes: plumbing, not the rule
+    monkeypatch.setenv("CUTETUNE_FUSED_KERNELS", "")
+    monkeypatch.setattr(prefetch, "SHARED_PREFETCHERS", {})
+    monkeypatch.setattr(launcher, "_plans", {})
+    monkeypatch.setattr(swiglu, "_plans", {})
+    monkeypatch.setattr(swiglu, "_builds", {})
+    torch.manual_seed(0)
+    mlp = LlamaMLP().cuda().to(BF16)
+    x = torch.randn(256, 1024, device="cuda", dtype=BF16)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        with torch.no_grad(), fresh_cache(), ci.enable("predicted", model=FixedModel()):
+            compiled = torch.compile(mlp)
+            code = "".join(run_and_get_code(compiled, x)[1])
+            if aot.can_link():
+                assert ci.shared_prefetcher("sm90").wait(timeout=300)["failed"] == 0
+            for m in (64, 200, 256, 1000):
+                xm = torch.randn(m, 1024, device="cuda", dtype=BF16)
+                assert _rel_err(compiled(xm), mlp(xm)) < 2e-2
+        assert counters["stats"]["unique_graphs"] == 1
+    finally:
+        for helper in prefetch.SHARED_PREFETCHERS.values():
+            helper.close()
+    assert code.count(f"extern_kernels.{launcher.MM_BY_M_KERNEL}(") == 2  # gate and down
+    assert code.count("torch.ops.cutetune.mm_silu_mul_by_m.default(") == 1
+    ran = lambda plans: {k[1][0]: p.via for k, p in plans.items()}  # noqa: E731
+    assert set(ran(launcher._plans)) == {256, 64, 200, 1000}
+    assert None not in ran(launcher._plans).values()
+    assert set(ran(swiglu._plans)) == {256, 64, 200, 1000}
+    assert set(ran(swiglu._plans).values()) == {"library" if aot.can_link() else "quack"}
 
 
 def _compile_host_bound_mm(mode: str, fn, m: int, n: int, k: int, transposed_b: bool,

@@ -82,6 +82,52 @@ def test_pass_rewrites_silu_times_mm_into_the_fused_op(dtype, order):
     assert ((out.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
 
 
+def test_a_dynamic_m_fuses_per_range_of_m_without_recompiling():
+    """Compiled with a dynamic M (what Dynamo does once a new batch or sequence length
+    arrives), the up projection is fused where the decision fuses its range's rung and left
+    unfused elsewhere, chosen per call by its M; every M runs right in the one graph."""
+    asked = []
+
+    def decide(p):
+        asked.append(p.m)
+        return PLAIN if p.m >= 64 else None
+
+    fusion = SwigluFusionPass(decide, "k", lambda device: "sm90")
+    mlp = _mlp(BF16)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    prev = inductor_config.post_grad_custom_post_pass
+    inductor_config.post_grad_custom_post_pass = fusion
+    try:
+        with inductor_config.patch(fx_graph_cache=False):
+            fn, x = torch.compile(mlp), torch.randn(16, 32, dtype=BF16)
+            torch._dynamo.mark_dynamic(x, 0)  # M alone, as for a new batch size
+            code = run_and_get_code(fn, x)[1]
+            for m in (2, 45, 46, 300):  # 45: rung 32's range (45 * 45 <= 2 * 32 * 32); 46: 64's
+                # (M=1 would compile a graph of its own: Dynamo specializes sizes 0 and 1)
+                x = torch.randn(m, 32, dtype=BF16)
+                ref = mlp(x)
+                assert ((fn(x).float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+            assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    finally:
+        inductor_config.post_grad_custom_post_pass = prev
+    assert "torch.ops.cutetune.mm_silu_mul_by_m.default(" in "".join(code)
+    assert asked == [2 ** i for i in range(16)]
+    assert [(p.m, p.n, p.k, c) for p, c in fusion.fused] == [(64, 64, 32, PLAIN)]
+    ints = swiglu.table_ints(((45, None), (ci.launcher.M_UNBOUNDED, PLAIN)))
+    assert f"[{', '.join(map(str, ints))}]" in "".join(code)
+
+
+def test_the_by_m_op_fuses_the_range_that_holds_m():
+    table = ((4, None), (ci.launcher.M_UNBOUNDED, PLAIN))
+    for m in (3, 8):
+        a, b, gate = torch.randn(m, 16), torch.randn(16, 4), torch.randn(m, 4)
+        torch.testing.assert_close(
+            torch.ops.cutetune.mm_silu_mul_by_m(a, b, gate, swiglu.table_ints(table)),
+            F.silu(gate) * (a @ b))
+    assert swiglu._table(tuple(swiglu.table_ints(table))) == table
+
+
 def test_pass_leaves_graphs_it_should_not_fuse():
     """No fusion where the decision says None, for fp32 (quack runs 16-bit types), or where
     the device is not one quack runs on; the graph compiles as Inductor's own."""
@@ -663,6 +709,37 @@ def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048(cold_llama_mlp):
         assert vias[1] == ({"library"}, {"library"})
     else:
         assert vias == [({"quack"}, {"quack"})] * 2
+
+
+@gpu
+def test_gpu_predicted_mode_fuses_a_dynamic_m_per_range(cold_llama_mlp):
+    """Llama-3-8B's MLP compiled once with its M dynamic: the packaged heuristics' decision
+    per range of M (unfused at M=100 and 1024, where the GPU measured the fusion slower or
+    the GEMM is host-bound; fused with a range's config elsewhere), every M right in the one
+    graph, the fused kernels launched from the libraries the compile helper built."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import fresh_cache
+
+    from cutetune.tuner import aot
+
+    mlp, x = cold_llama_mlp
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.no_grad(), fresh_cache(), ci.enable("predicted"):
+        compiled = torch.compile(mlp)
+        code = "".join(run_and_get_code(compiled, x)[1])
+        if aot.can_link():
+            assert ci.shared_prefetcher("sm90").wait(timeout=300)["failed"] == 0
+        for m in (100, 512, 1024, 2048, 3000):
+            xm = torch.randn(m, 4096, device="cuda", dtype=BF16)
+            out, ref = compiled(xm), mlp(xm)
+            assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-2
+    assert counters["stats"]["unique_graphs"] == 1
+    assert code.count("torch.ops.cutetune.mm_silu_mul_by_m.default(") == 1
+    vias = {k[1][0]: p.via for k, p in swiglu._plans.items()}
+    assert set(vias) == {512, 2048, 3000}  # M 100 and 1024 ran unfused, on ATen
+    assert set(vias.values()) == {"library" if aot.can_link() else "quack"}
 
 
 @gpu

@@ -66,12 +66,25 @@ def candidate_dtypes(graph: torch.fx.Graph) -> list[torch.dtype]:
     return [d for d in DTYPES if d in found]
 
 
-def _static_problem(x, w, arch: Callable[[torch.device], str | None]) -> GemmProblem:
+def _problem(x, w, arch: Callable[[torch.device], str | None], m: int | None = None
+             ) -> GemmProblem:
+    """The up projection's problem, with its M set to ``m`` if given (M dynamic), or
+    ProblemError naming why quack cannot run it."""
     a, b = x.meta.get("val"), w.meta.get("val")
     if not all(isinstance(t, torch.Tensor) for t in (a, b)):
         raise ProblemError("operands without fake-tensor metadata")
-    return launcher.static_gemm_problem(a.shape, a.stride(), b.shape, b.stride(), a.dtype,
+    a_size = list(a.shape)
+    if m is not None:
+        a_size[0] = m
+    return launcher.static_gemm_problem(a_size, a.stride(), b.shape, b.stride(), a.dtype,
                                         a.dtype, arch(a.device))
+
+
+def _dynamic_m(x) -> bool:
+    """Whether the up projection's M alone may be dynamic: a symbolic first size."""
+    a = x.meta.get("val")
+    return isinstance(a, torch.Tensor) and a.dim() == 2 and isinstance(a.shape[0], torch.SymInt) \
+        and not isinstance(a.shape[0].node.maybe_as_int(), int)
 
 
 class SwigluFusionPass(ChainedPass):
@@ -96,8 +109,10 @@ class SwigluFusionPass(ChainedPass):
         matcher = PatternMatcherPass(pass_name="cutetune_swiglu")
 
         def rewrite(match, g, x, w):
+            if _dynamic_m(x):
+                return self._rewrite_by_m(match, g, x, w)
             try:
-                problem = _static_problem(x, w, self.arch)
+                problem = _problem(x, w, self.arch)
             except ProblemError as e:
                 log.info("cutetune: SwiGLU left unfused (%s)", e)
                 return
@@ -107,11 +122,9 @@ class SwigluFusionPass(ChainedPass):
             ints = swiglu.config_ints(config)
             match.replace_by_example(
                 lambda g, x, w: torch.ops.cutetune.mm_silu_mul(x, w, g, ints), [g, x, w])
-            self.fused.append((problem, config))
+            self._fused(problem, config)
             log.info("cutetune: fused silu(gate) * mm on %s with %s", problem.key(),
                      config.short())
-            if self.prepare is not None:
-                self.prepare(problem, config)
 
         dtypes = candidate_dtypes(graph)
         if not dtypes:
@@ -119,3 +132,37 @@ class SwigluFusionPass(ChainedPass):
         for pattern in (p for d in dtypes for p in _patterns(d)):
             register_graph_pattern(pattern, pass_dict=matcher)(rewrite)
         matcher.apply(graph)
+
+    def _rewrite_by_m(self, match, g, x, w) -> None:
+        """An up projection whose M is dynamic: fused per range of M (``launcher.m_ranges``)
+        where ``decide`` fuses that range's rung, unfused elsewhere, chosen at each call by its
+        M (``swiglu.mm_silu_mul_by_m``); left as it is where no range fuses."""
+        firsts = {}  # each config with the problem at the first rung that fused with it
+
+        def pick(m: int) -> KernelConfig | None:
+            try:
+                problem = _problem(x, w, self.arch, m)
+            except ProblemError:
+                return None
+            config = self.decide(problem)
+            if config is not None:
+                firsts.setdefault(config, problem)
+            return config
+
+        table = launcher.m_ranges(pick)
+        if not firsts:
+            log.info("cutetune: SwiGLU with a dynamic M left unfused (no range fuses)")
+            return
+        ints = swiglu.table_ints(table)
+        match.replace_by_example(
+            lambda g, x, w: torch.ops.cutetune.mm_silu_mul_by_m(x, w, g, ints), [g, x, w])
+        for config, problem in firsts.items():
+            self._fused(problem, config)
+        log.info("cutetune: fused silu(gate) * mm with a dynamic M (%s): %s",
+                 x.meta["val"].shape[0], ", ".join(
+                     f"M<={m_max}: {'unfused' if c is None else c.short()}" for m_max, c in table))
+
+    def _fused(self, problem: GemmProblem, config: KernelConfig) -> None:
+        self.fused.append((problem, config))
+        if self.prepare is not None:
+            self.prepare(problem, config)

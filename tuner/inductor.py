@@ -64,6 +64,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
+import sympy
 import torch
 from torch._inductor import config as inductor_config
 from torch._inductor import virtualized
@@ -212,20 +213,41 @@ def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: in
     return NodeDecision(configs[:top_k], True, f"top-{top_k} + ATen")
 
 
-def _node_problem(mat1, mat2, out_dtype: torch.dtype, arch: str | None) -> GemmProblem:
+def by_m_table(problem_at, heuristics, host_bound_us: float
+               ) -> tuple[tuple[int, KernelConfig | None], ...]:
+    """Predicted mode's pick for a GEMM whose M is known only at run time, per range of M
+    (``launcher.m_ranges``): ``decide`` at each rung (``problem_at(m)``: the problem, or the
+    ProblemError saying why quack cannot run it, at that M), ATen (None) wherever it does not
+    give one quack config. Reduced mode uses this too: Inductor's benchmark would time one M
+    (the size hint) for all of them."""
+
+    def pick(m: int) -> KernelConfig | None:
+        d = decide(problem_at(m), "predicted", heuristics, 1, host_bound_us)
+        return d.configs[0] if len(d.configs) == 1 and not d.aten else None
+
+    return launcher.m_ranges(pick)
+
+
+def _node_problem(mat1, mat2, out_dtype: torch.dtype, arch: str | None,
+                  m: int | None = None) -> GemmProblem:
     for node, name in ((mat1, "A"), (mat2, "B")):
         offset = launcher.static_ints([node.get_layout().offset], f"{name} offset")[0]
         if offset * node.get_dtype().itemsize % launcher.TMA_ALIGN_BYTES:
             raise ProblemError(f"{name} starts {offset} elements into its buffer (unaligned)")
-    return launcher.static_gemm_problem(mat1.get_size(), mat1.get_stride(), mat2.get_size(),
+    a_size = list(mat1.get_size())
+    if m is not None:
+        a_size[-2] = m
+    return launcher.static_gemm_problem(a_size, mat1.get_stride(), mat2.get_size(),
                                         mat2.get_stride(), mat1.get_dtype(), out_dtype, arch)
 
 
-def problem_from_inputs(op_name: str, kernel_inputs, arch: str | None) -> GemmProblem:
-    """The GemmProblem of an Inductor mm/addmm/bmm node (its MMKernelInputs), or ProblemError
-    naming why quack cannot run it."""
+def problem_from_inputs(op_name: str, kernel_inputs, arch: str | None,
+                        m: int | None = None) -> GemmProblem:
+    """The GemmProblem of an Inductor mm/addmm/bmm node (its MMKernelInputs), with its M set
+    to ``m`` if given (a node whose M is dynamic), or ProblemError naming why quack cannot
+    run it."""
     mat1, mat2 = kernel_inputs.mat1mat2()
-    problem = _node_problem(mat1, mat2, kernel_inputs.out_dtype(), arch)
+    problem = _node_problem(mat1, mat2, kernel_inputs.out_dtype(), arch, m)
     if op_name == "addmm":
         inp = kernel_inputs.nodes()[0]
         launcher.addend_kind(launcher.static_ints(inp.get_size(), "input sizes"),
@@ -333,6 +355,10 @@ class CuteTuneChoices(InductorChoices):
             takes_triton = None if takers is None else problem in takers
             if takes_triton is False:
                 d = replace(d, triton=False, triton_config=())  # ATen, Inductor's default
+        if problem is None and op != "bmm":
+            by_m = self.by_m_choices(kernel_inputs, templates, op)
+            if by_m:
+                return by_m
         if d.leave:
             if (d.triton or d.triton_config) and op_name == "mm":
                 return self.host_bound_mm_configs(*args, only=dict(d.triton_config),
@@ -373,6 +399,46 @@ class CuteTuneChoices(InductorChoices):
                 caller.cutetune_kernel = (problem.arch, key)
             choices.append(caller)
         return choices
+
+    def by_m_choices(self, kernel_inputs, templates, op: str) -> list:
+        """A 2D mm/addmm whose M alone is dynamic (torch.compile's dynamic shapes, the
+        default after a graph recompiles for a new batch or sequence length): one choice, not
+        benchmarked, that runs ``by_m_table``'s config for the M of each call (quack serves
+        every M with one compiled kernel). Empty where the table keeps every M on ATen, the
+        node is not such a GEMM, or ATen's kernel is not among ``templates``."""
+        mat1 = kernel_inputs.mat1mat2()[0]
+        m = mat1.get_size()[-2] if len(mat1.get_size()) == 2 else None
+        if (not isinstance(m, sympy.Expr) or m.is_Integer
+                or not any(getattr(t, "uid", None) == PRIMARY_ATEN[op] for t in templates)):
+            return []
+        arch = device_arch(kernel_inputs.device())
+
+        def problem_at(m: int) -> GemmProblem | ProblemError:
+            try:
+                return problem_from_inputs(op, kernel_inputs, arch, m)
+            except ProblemError as e:
+                return e
+
+        table = by_m_table(problem_at, self.heuristics, host_bound_us())
+        if all(c is None for _, c in table):
+            return []
+        described = ", ".join(f"M<={m_max}: {'ATen' if c is None else c.short()}"
+                              for m_max, c in table[:-1])
+        described += f"{', ' if described else ''}above: " + (
+            "ATen" if table[-1][1] is None else table[-1][1].short())
+        log.info("cutetune %s %s: dynamic M (%s): %s", self.mode, op, m, described)
+        launcher.import_quack_in_background()
+        extra = {}
+        if op == "addmm":
+            extra = {"alpha": kernel_inputs.get_scalar("alpha"),
+                     "beta": kernel_inputs.get_scalar("beta")}
+        kernel = self.externs[launcher.ADDMM_BY_M_KERNEL if op == "addmm"
+                              else launcher.MM_BY_M_KERNEL]
+        caller = kernel.bind(kernel_inputs.nodes(), kernel_inputs.output_layout(flexible=False),
+                             table=tuple((m_max, None if c is None else launcher.config_tuple(c))
+                                         for m_max, c in table), **extra)
+        caller.description = f"by M: {described}"
+        return [caller]
 
     def host_bound_mm_configs(self, kernel_inputs, templates, op_name, kwarg_overrides,
                               only: dict[str, int], with_aten: bool):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from functools import lru_cache
@@ -41,6 +42,10 @@ CAPABILITY_ARCH = {9: "sm90", 10: "sm100"}
 # Names under which Inductor's generated code calls the kernels (extern_kernels.<name>).
 MM_KERNEL = "cutetune_quack_mm"
 ADDMM_KERNEL = "cutetune_quack_addmm"
+# The same for a GEMM whose M is dynamic: a config per range of M (``config_for_m``)
+MM_BY_M_KERNEL = "cutetune_quack_mm_by_m"
+ADDMM_BY_M_KERNEL = "cutetune_quack_addmm_by_m"
+M_UNBOUNDED = 2 ** 62  # the largest M of a table's last range: every M
 
 
 # ---------------------------------------------------------------- support envelope (pure)
@@ -395,11 +400,57 @@ def _cutetune_quack_addmm(inp, a, b, *, out, config, alpha=1, beta=1):
     return quack_mm_out(a, b, out, config, c=inp, alpha=alpha, beta=beta)
 
 
+# The M at which a GEMM whose M is dynamic is decided (``m_ranges``): every power of two up to
+# the heuristics grid's last M (their cells are that fine in M); the last rung's decision
+# holds beyond it.
+M_RUNGS = tuple(2 ** i for i in range(16))
+
+
+def m_ranges(pick_at) -> tuple[tuple[int, object], ...]:
+    """``pick_at(m)`` at each of ``M_RUNGS``, merged into ranges ``(largest M, pick)`` in
+    ascending M: a rung's range holds the M nearest it in log space (``M * M <= 2 * rung *
+    rung``), the last range every M above (``M_UNBOUNDED``)."""
+    table: list[tuple[int, object]] = []
+    for m in M_RUNGS:
+        pick, m_max = pick_at(m), math.isqrt(2 * m * m)
+        if table and table[-1][1] == pick:
+            table[-1] = (m_max, pick)
+        else:
+            table.append((m_max, pick))
+    table[-1] = (M_UNBOUNDED, table[-1][1])
+    return tuple(table)
+
+
+def config_for_m(table, m: int):
+    """The config (field tuple, or None for ATen) of the range of ``table`` that holds ``m``:
+    ``table`` is ``((largest M, config or None), ...)`` in ascending M, its last range
+    unbounded (``inductor.by_m_table``)."""
+    for m_max, config in table:
+        if m <= m_max:
+            return config
+    raise ValueError(f"M={m} is beyond the table's last range ({table[-1][0]})")
+
+
+def _cutetune_quack_mm_by_m(a, b, *, out, table):
+    config = config_for_m(table, a.shape[0])
+    if config is None:
+        return _aten(a, b, out, None, 1, 1)
+    return quack_mm_out(a, b, out, config)
+
+
+def _cutetune_quack_addmm_by_m(inp, a, b, *, out, table, alpha=1, beta=1):
+    config = config_for_m(table, a.shape[0])
+    if config is None:
+        return _aten(a, b, out, inp, alpha, beta)
+    return quack_mm_out(a, b, out, config, c=inp, alpha=alpha, beta=beta)
+
+
 _extern: dict[str, object] = {}
 
 
 def extern_choices() -> dict[str, object]:
-    """Inductor ExternKernelChoices for mm/bmm and addmm, registered once per process.
+    """Inductor ExternKernelChoices for mm/bmm and addmm, with one config or (``_BY_M``) one
+    per range of a dynamic M, registered once per process.
 
     Generated code calls ``extern_kernels.cutetune_quack_mm(a, b, config=(...), out=buf)``: a
     name registered when this runs (cutetune.tuner.inductor runs it on import) and a literal
@@ -409,7 +460,9 @@ def extern_choices() -> dict[str, object]:
     if not _extern:
         from torch._inductor.select_algorithm import ExternKernelChoice, extern_kernels
 
-        for name, fn in ((MM_KERNEL, _cutetune_quack_mm), (ADDMM_KERNEL, _cutetune_quack_addmm)):
+        for name, fn in ((MM_KERNEL, _cutetune_quack_mm), (ADDMM_KERNEL, _cutetune_quack_addmm),
+                         (MM_BY_M_KERNEL, _cutetune_quack_mm_by_m),
+                         (ADDMM_BY_M_KERNEL, _cutetune_quack_addmm_by_m)):
             if hasattr(extern_kernels, name):  # a reloaded module re-registers its kernels
                 delattr(extern_kernels, name)
             _extern[name] = ExternKernelChoice(fn, name=name, has_out_variant=True)

@@ -33,8 +33,8 @@ from cutetune.space.problem import DTYPE_BYTES, GemmProblem, ProblemError
 from cutetune.space.rules import is_valid
 
 from . import aot
-from .launcher import (TORCH_DTYPES, _aligned, as_config, check_config, check_out, config_tuple,
-                       device_arch, gemm_problem, launch_first)
+from .launcher import (TORCH_DTYPES, _aligned, as_config, check_config, check_out, config_for_m,
+                       config_tuple, device_arch, gemm_problem, launch_first)
 
 log = logging.getLogger(__name__)
 
@@ -312,16 +312,60 @@ def config_ints(config: KernelConfig) -> list[int]:
     return [int(v) for v in config_tuple(config)]
 
 
+_FIELDS = tuple(f.name for f in dataclasses.fields(KernelConfig))
+
+
+def _from_ints(config) -> KernelConfig:
+    return KernelConfig.from_dict(dict(zip(_FIELDS, config)))
+
+
+def table_ints(table) -> list[int]:
+    """A table of fused configs by range of M (``launcher.m_ranges``; None: unfused) as the
+    int list ``mm_silu_mul_by_m``'s schema carries: per range its largest M and the
+    config's ints, zeros for None (no config has a zero tile)."""
+    return [int(v) for m_max, c in table
+            for v in (m_max, *(config_ints(c) if c is not None else [0] * len(_FIELDS)))]
+
+
+def _table(ints: tuple[int, ...]) -> tuple:
+    width = 1 + len(_FIELDS)
+    rows = (ints[i:i + width] for i in range(0, len(ints), width))
+    return tuple((r[0], _from_ints(r[1:]) if r[1] else None) for r in rows)
+
+
+_tables: dict[tuple[int, ...], tuple] = {}  # table_ints -> _table: parsed once per process
+
+
 @torch.library.custom_op("cutetune::mm_silu_mul", mutates_args=())
 def mm_silu_mul(a: torch.Tensor, b: torch.Tensor, gate: torch.Tensor,
                 config: list[int]) -> torch.Tensor:
     """``silu(gate) * (a @ b)`` with quack's fused kernel for ``config`` (``config_ints``)."""
-    cfg = KernelConfig.from_dict(dict(zip((f.name for f in dataclasses.fields(KernelConfig)),
-                                          config)))
     out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
-    return quack_mm_silu_mul_out(a, b, gate, out, cfg)
+    return quack_mm_silu_mul_out(a, b, gate, out, _from_ints(config))
+
+
+@torch.library.custom_op("cutetune::mm_silu_mul_by_m", mutates_args=())
+def mm_silu_mul_by_m(a: torch.Tensor, b: torch.Tensor, gate: torch.Tensor,
+                     table: list[int]) -> torch.Tensor:
+    """``silu(gate) * (a @ b)`` for an M known only at run time: fused with the config of
+    the range of ``table`` (``table_ints``) holding this call's M, or unfused (ATen) where
+    that range has none."""
+    key = tuple(table)
+    ranges = _tables.get(key)
+    if ranges is None:
+        ranges = _tables[key] = _table(key)
+    out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
+    config = config_for_m(ranges, a.shape[0])
+    if config is None:
+        return _aten(a, b, gate, out)
+    return quack_mm_silu_mul_out(a, b, gate, out, config)
 
 
 @mm_silu_mul.register_fake
 def _(a, b, gate, config):
+    return a.new_empty(a.shape[0], b.shape[1])
+
+
+@mm_silu_mul_by_m.register_fake
+def _(a, b, gate, table):
     return a.new_empty(a.shape[0], b.shape[1])
