@@ -141,6 +141,8 @@
 #   dynamic  (after a GEMM whose M is dynamic got a config per range of M, plain and fused) the
 #      library case's GPU tests, which hold the dynamic-M tests of the compiled MLP and of
 #      predicted mode's fusion
+#   dynamic2  the two dynamic-M GPU tests again, their helper's failed builds named, then
+#      dynamic_steps
 #   dynamic_steps  every mode compiled once with a dynamic M and timed at M 1 to 8192 in one
 #      process (scripts/step_dynamic.py)
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
@@ -194,6 +196,10 @@ mlp_steps() {  # mlp_steps TAG ROUNDS RESERVE_S "MODES" M...: the MLP's steps in
       --rounds "$rounds" --modes $modes --out "$E2E/ab_${tag}_m$m.json" \
       --save-code "$E2E/code_$tag" --pin-cpu 6 2>&1 | tail -n 1 | cut -c 1-600 | tee -a "$E2E/ab.log"
   done
+}
+dynamic_steps() {  # every mode compiled once with a dynamic M, timed at each M in one process
+  timeout "$(left 10)" python scripts/step_dynamic.py --save-code "$E2E/code_dynamic" \
+    --pin-cpu 6 --out "$E2E/step_dynamic.json" 2>&1 | tail -n 5 | tee "$E2E/step_dynamic.log"
 }
 case $CALL in
   a)
@@ -508,9 +514,11 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
   dynamic)
     gpu_tests "$(left 10)" tests/test_launcher.py tests/test_inductor.py tests/test_swiglu.py \
       -k "$LIBRARY_TESTS" ;;
+  dynamic2)  # the dynamic-M GPU tests again (the helper's failures named), then dynamic_steps
+    gpu_tests 200 tests/test_inductor.py tests/test_swiglu.py -k "dynamic_m"
+    dynamic_steps ;;
   dynamic_steps)
-    timeout "$(left 10)" python scripts/step_dynamic.py --save-code "$E2E/code_dynamic" \
-      --pin-cpu 6 --out "$E2E/step_dynamic.json" 2>&1 | tail -n 5 | tee "$E2E/step_dynamic.log" ;;
+    dynamic_steps ;;
   library3)
     timeout 120 python -m pytest -m gpu tests/test_inductor.py -k forked -q --tb=short \
       -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" \

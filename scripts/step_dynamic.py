@@ -40,7 +40,7 @@ def _wait_for_helpers(timeout_s: float) -> dict:
     mode builds beside the compile; calls run ATen until then): what each reported."""
     from cutetune.tuner import prefetch
 
-    return {arch: helper.wait(timeout=timeout_s)
+    return {arch: {**helper.wait(timeout=timeout_s), "failures": helper.failures()}
             for arch, helper in prefetch.SHARED_PREFETCHERS.items()}
 
 

@@ -246,6 +246,11 @@ class KernelPrefetcher:
         _poll(reported, timeout)
         return self.stats()
 
+    def failures(self) -> dict[str, str]:
+        """The kernels the helper failed to build, each with why (tests, benchmarks)."""
+        with self._lock:
+            return {str(k): s for k, s in self.state.items() if s.startswith("failed")}
+
     def wait_for(self, keys, timeout: float | None = None) -> bool:
         """Block until each of these kernels (``kernel_key`` keys) is reported by the helper or
         is built already (another process built it, or the helper, which only reports once its
