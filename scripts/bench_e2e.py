@@ -207,10 +207,15 @@ def _kernel_counts(code: str) -> dict:
         "quack": len(re.findall(r"extern_kernels\.cutetune_quack_(?:add)?mm\(", code)),
         "aten": len(re.findall(r"extern_kernels\.(?:mm|addmm|bmm|bias_addmm)\(", code)),
         "triton_template": len(re.findall(r"\btriton_tem_\w+\.run\(", code)),
-        "quack_swiglu": code.count("torch.ops.cutetune.mm_silu_mul.default("),
+        # the fused op as an extern kernel, or (before 2026-12-01, or under the C++ wrapper) as
+        # the custom op
+        "quack_swiglu": len(re.findall(r"extern_kernels\.cutetune_quack_mm_silu_mul\(|"
+                                       r"torch\.ops\.cutetune\.mm_silu_mul\.default\(", code)),
         # a config per range of a dynamic M (ATen in some ranges)
         "quack_by_m": len(re.findall(r"extern_kernels\.cutetune_quack_(?:add)?mm_by_m\(", code)),
-        "quack_swiglu_by_m": code.count("torch.ops.cutetune.mm_silu_mul_by_m.default("),
+        "quack_swiglu_by_m": len(re.findall(
+            r"extern_kernels\.cutetune_quack_mm_silu_mul_by_m\(|"
+            r"torch\.ops\.cutetune\.mm_silu_mul_by_m\.default\(", code)),
     }
 
 

@@ -143,6 +143,8 @@
 #      predicted mode's fusion
 #   dynamic2  the two dynamic-M GPU tests again, their helper's failed builds named, then
 #      dynamic_steps
+#   dynamic3  (after the fused ops were lowered as extern kernels, no custom-op dispatch in
+#      compiled code) the library case's GPU tests, then dynamic_steps
 #   dynamic_steps  every mode compiled once with a dynamic M and timed at M 1 to 8192 in one
 #      process (scripts/step_dynamic.py)
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
@@ -516,6 +518,10 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
       -k "$LIBRARY_TESTS" ;;
   dynamic2)  # the dynamic-M GPU tests again (the helper's failures named), then dynamic_steps
     gpu_tests 200 tests/test_inductor.py tests/test_swiglu.py -k "dynamic_m"
+    dynamic_steps ;;
+  dynamic3)
+    gpu_tests 260 tests/test_launcher.py tests/test_inductor.py tests/test_swiglu.py \
+      -k "$LIBRARY_TESTS"
     dynamic_steps ;;
   dynamic_steps)
     dynamic_steps ;;

@@ -10,6 +10,7 @@ A step whose kernel sum is near its time is GPU-bound; one whose kernels are the
 process's is host-bound.
 
   python scripts/step_profile.py --m 1 --workload mlp --out prof.json   # one process
+      [--dynamic-from M0]   (compiled at M0 with M dynamic, then profiled at --m)
   python scripts/step_profile.py --report prof_*.json     # the processes side by side
 """
 
@@ -45,20 +46,29 @@ def _profile(torch, fn, x, calls: int) -> dict:
             "cpu_self_us_top": top_cpu}
 
 
-def measure(m: int, workload: str, modes, calls: int) -> dict:
+def measure(m: int, workload: str, modes, calls: int, dynamic_from: int | None = None) -> dict:
+    """With ``dynamic_from``, each mode is compiled at that M, marked dynamic (one graph for
+    every M, as step_dynamic.py compiles), then run at ``m``."""
     import torch
 
     torch._dynamo.config.automatic_dynamic_shapes = False
     torch.manual_seed(0)
     x = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
     module = _workloads(torch)[workload]().to("cuda", torch.bfloat16).eval()
-    res = {"m": m, "workload": workload, "torch": torch.__version__, "modes": {}}
+    res = {"m": m, "workload": workload, "torch": torch.__version__,
+           "dynamic_from": dynamic_from, "modes": {}}
     with torch.no_grad():
         fns, kernels = {"eager": module}, {}
         for mode in modes:
             fns[mode] = torch.compile(_fresh_step(module))
+            x0 = x
+            if dynamic_from is not None:
+                x0 = torch.randn(dynamic_from, HIDDEN, device="cuda", dtype=torch.bfloat16)
+                torch._dynamo.mark_dynamic(x0, 0)
             with _installation(mode, None):
-                kernels[mode] = _kernel_counts("\n".join(_run_and_capture_code(fns[mode], x)[1]))
+                code = _run_and_capture_code(fns[mode], x0)[1]
+                code += _run_and_capture_code(fns[mode], x)[1]  # nothing new unless M=1
+                kernels[mode] = _kernel_counts("\n".join(code))
         for mode, fn in fns.items():
             t = _time_calls(torch, fn, x, repeats=5)
             res["modes"][mode] = {"step_us": t["median"] * 1e3, "host_us": t["host"] * 1e3,
@@ -83,13 +93,15 @@ def main() -> None:
     ap.add_argument("--workload", default="mlp", choices=("mlp", "attn"))
     ap.add_argument("--modes", nargs="+", default=["default", "predicted"])
     ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--dynamic-from", type=int, metavar="M0",
+                    help="compile at M0 with M marked dynamic, then profile at --m")
     ap.add_argument("--out")
     ap.add_argument("--report", nargs="+", metavar="JSON")
     args = ap.parse_args()
     if args.report:
         report(args.report)
         return
-    res = measure(args.m, args.workload, args.modes, args.calls)
+    res = measure(args.m, args.workload, args.modes, args.calls, args.dynamic_from)
     Path(args.out).write_text(json.dumps(res, indent=1))
     report([args.out])
 

@@ -75,7 +75,7 @@ def test_pass_rewrites_silu_times_mm_into_the_fused_op(dtype, order):
     fusion = SwigluFusionPass(lambda p: PLAIN, "k", lambda device: "sm90")
     mlp, x = _mlp(dtype, order=order), torch.randn(16, 32, dtype=dtype)
     out, code = _compile(mlp, x, fusion)
-    assert "torch.ops.cutetune.mm_silu_mul.default(" in code
+    assert f"extern_kernels.{swiglu.MM_SILU_MUL_KERNEL}(" in code
     assert [(p.m, p.n, p.k) for p, _ in fusion.fused] == [(16, 64, 32)]
     assert fusion.fused[0][1] == PLAIN
     ref = mlp(x)
@@ -111,11 +111,11 @@ def test_a_dynamic_m_fuses_per_range_of_m_without_recompiling():
             assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     finally:
         inductor_config.post_grad_custom_post_pass = prev
-    assert "torch.ops.cutetune.mm_silu_mul_by_m.default(" in "".join(code)
+    assert f"extern_kernels.{swiglu.MM_SILU_MUL_BY_M_KERNEL}(" in "".join(code)
     assert asked == [2 ** i for i in range(16)]
     assert [(p.m, p.n, p.k, c) for p, c in fusion.fused] == [(64, 64, 32, PLAIN)]
-    ints = swiglu.table_ints(((45, None), (ci.launcher.M_UNBOUNDED, PLAIN)))
-    assert f"[{', '.join(map(str, ints))}]" in "".join(code)
+    table = ((45, None), (ci.launcher.M_UNBOUNDED, ci.launcher.config_tuple(PLAIN)))
+    assert f"table={table!r}" in "".join(code)
 
 
 def test_the_by_m_op_fuses_the_range_that_holds_m():
@@ -697,7 +697,7 @@ def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048(cold_llama_mlp):
             compiled = torch.compile(mlp)
             out, code = run_and_get_code(compiled, x)
             ref = mlp(x)
-            assert "torch.ops.cutetune.mm_silu_mul.default(" in "".join(code)
+            assert f"extern_kernels.{swiglu.MM_SILU_MUL_KERNEL}(" in "".join(code)
             assert err(out, ref) < 2e-2
             first = {p.via for p in swiglu._plans.values()}
             if aot.can_link():
@@ -738,7 +738,7 @@ def test_gpu_predicted_mode_fuses_a_dynamic_m_per_range(cold_llama_mlp):
             out, ref = compiled(xm), mlp(xm)
             assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-2
     assert counters["stats"]["unique_graphs"] == 1
-    assert code.count("torch.ops.cutetune.mm_silu_mul_by_m.default(") == 1
+    assert code.count(f"extern_kernels.{swiglu.MM_SILU_MUL_BY_M_KERNEL}(") == 1
     vias = {k[1][0]: p.via for k, p in swiglu._plans.items()}
     assert set(vias) == {512, 2048, 3000}  # M 100 and 1024 ran unfused, on ATen
     assert set(vias.values()) == {"library" if aot.can_link() else "quack"}
@@ -765,7 +765,7 @@ def test_gpu_fused_mlp_replays_under_cuda_graphs(cold_llama_mlp):
         with torch.no_grad(), fresh_cache(), ci.enable("predicted"):
             compiled = torch.compile(mlp, mode="reduce-overhead")
             code = run_and_get_code(compiled, x)[1]
-            assert "torch.ops.cutetune.mm_silu_mul.default(" in "".join(code)
+            assert f"extern_kernels.{swiglu.MM_SILU_MUL_KERNEL}(" in "".join(code)
             for _ in range(4):  # warm-up, record, replays
                 out = compiled(x).float()
                 assert ((out - ref).norm() / ref.norm()).item() < 2e-2
@@ -797,15 +797,16 @@ print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"]
 @gpu
 def test_gpu_fused_mlp_reloads_from_the_fx_graph_cache_in_a_fresh_process(tmp_path,
                                                                             run_script):
-    """Generated code that calls cutetune::mm_silu_mul runs after a reload from Inductor's
-    FX-graph cache in a fresh process (enable() registers the op before the code runs)."""
+    """Generated code that calls the fused kernel runs after a reload from Inductor's
+    FX-graph cache in a fresh process (enable() installs the fusion pass, which registers the
+    kernel by name before the code runs)."""
     env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
     runs = [run_script(FRESH_PROCESS, env=env) for _ in range(2)]
     assert runs[0]["miss"] >= 1 and runs[1]["hit"] >= 1 and runs[1]["miss"] == 0
     assert all(r["err"] < 2e-2 for r in runs)
     cached = "".join(p.read_text() for p in (tmp_path / "inductor").rglob("*.py"))
-    assert "torch.ops.cutetune.mm_silu_mul.default(" in cached
+    assert f"extern_kernels.{swiglu.MM_SILU_MUL_KERNEL}(" in cached
 
 
 def test_prebuild_lists_the_shipped_tables_fused_kernels_once_each():

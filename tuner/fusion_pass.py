@@ -100,6 +100,7 @@ class SwigluFusionPass(ChainedPass):
                  user_pass: Callable[[torch.fx.Graph], None] | None = None,
                  prepare: Callable[[GemmProblem, KernelConfig], None] | None = None) -> None:
         super().__init__(key, user_pass)
+        swiglu.install_lowerings()
         self.decide, self.arch, self.prepare = decide, arch, prepare
         self.fused: list[tuple[GemmProblem, KernelConfig]] = []  # what this process fused
 

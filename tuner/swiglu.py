@@ -9,9 +9,9 @@ nor the pointwise kernel exists. ``pointwise_share`` prices what that saves at t
 ceilings; ``fusion_config`` decides where to fuse; the Inductor pass that rewrites graphs
 is ``fusion_pass.py``.
 
-The custom op ``cutetune::mm_silu_mul`` is what a rewritten graph calls; Inductor lowers it as
-a fallback kernel, so generated code (also reloaded from the FX-graph cache) calls it by name
-once cutetune is imported. It launches the kernel from its TVM-FFI library (``aot.py``,
+The custom op ``cutetune::mm_silu_mul`` (``cutetune::mm_silu_mul_by_m`` for a dynamic M) is what
+a rewritten graph holds; Inductor lowers it as an extern kernel (``install_lowerings``), so
+generated code (also reloaded from the FX-graph cache) calls ``mm_silu_mul_out`` by name. It launches the kernel from its TVM-FFI library (``aot.py``,
 ``build_library``) where one is built, without importing quack; runs ATen, unfused, while the
 compile helper builds it; and goes through quack otherwise.
 """
@@ -336,12 +336,39 @@ def _table(ints: tuple[int, ...]) -> tuple:
 _tables: dict[tuple[int, ...], tuple] = {}  # table_ints -> _table: parsed once per process
 
 
+def _parsed(table: list[int]) -> tuple:
+    key = tuple(table)
+    ranges = _tables.get(key)
+    if ranges is None:
+        ranges = _tables[key] = _table(key)
+    return ranges
+
+
+# Names under which Inductor's generated code calls the two ops (``install_lowerings``)
+MM_SILU_MUL_KERNEL = "cutetune_quack_mm_silu_mul"
+MM_SILU_MUL_BY_M_KERNEL = "cutetune_quack_mm_silu_mul_by_m"
+
+
+def mm_silu_mul_out(a, b, gate, *, out, config):
+    """``cutetune::mm_silu_mul`` into ``out``: what generated code calls."""
+    return quack_mm_silu_mul_out(a, b, gate, out, config)
+
+
+def mm_silu_mul_by_m_out(a, b, gate, *, out, table):
+    """``cutetune::mm_silu_mul_by_m`` into ``out``, ``table`` as ``(largest M, config or
+    None)`` ranges: what generated code calls."""
+    config = config_for_m(table, a.shape[0])
+    if config is None:
+        return _aten(a, b, gate, out)
+    return quack_mm_silu_mul_out(a, b, gate, out, config)
+
+
 @torch.library.custom_op("cutetune::mm_silu_mul", mutates_args=())
 def mm_silu_mul(a: torch.Tensor, b: torch.Tensor, gate: torch.Tensor,
                 config: list[int]) -> torch.Tensor:
     """``silu(gate) * (a @ b)`` with quack's fused kernel for ``config`` (``config_ints``)."""
     out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
-    return quack_mm_silu_mul_out(a, b, gate, out, _from_ints(config))
+    return mm_silu_mul_out(a, b, gate, out=out, config=_from_ints(config))
 
 
 @torch.library.custom_op("cutetune::mm_silu_mul_by_m", mutates_args=())
@@ -350,15 +377,51 @@ def mm_silu_mul_by_m(a: torch.Tensor, b: torch.Tensor, gate: torch.Tensor,
     """``silu(gate) * (a @ b)`` for an M known only at run time: fused with the config of
     the range of ``table`` (``table_ints``) holding this call's M, or unfused (ATen) where
     that range has none."""
-    key = tuple(table)
-    ranges = _tables.get(key)
-    if ranges is None:
-        ranges = _tables[key] = _table(key)
     out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
-    config = config_for_m(ranges, a.shape[0])
-    if config is None:
-        return _aten(a, b, gate, out)
-    return quack_mm_silu_mul_out(a, b, gate, out, config)
+    return mm_silu_mul_by_m_out(a, b, gate, out=out, table=_parsed(table))
+
+
+_externs: dict[str, object] = {}
+
+
+def install_lowerings() -> None:
+    """Have Inductor lower both ops as extern kernels: generated code then calls
+    ``mm_silu_mul_out`` / ``mm_silu_mul_by_m_out`` by name (``MM_SILU_MUL_KERNEL``, ...) with
+    a literal config or table, a plain function call. As custom ops called through the
+    dispatcher, compiled code paid about 50 us of host time more per call on the H200 host
+    (data/bench/op_overhead_h200.json), which a dynamic-M graph pays at every M, fused or
+    not. Once per process: the fusion pass, which puts the ops into graphs, installs it;
+    code reloaded from the FX-graph cache finds the kernels by name once it has. Under the
+    C++ wrapper, which cannot call Python, the ops stay custom-op calls."""
+    if _externs:
+        return
+    from torch._inductor import ir
+    from torch._inductor.lowering import fallback_handler, register_lowering
+    from torch._inductor.select_algorithm import ExternKernelChoice, extern_kernels
+    from torch._inductor.virtualized import V
+
+    def by_m_kwargs(ints):
+        return {"table": tuple((m, None if c is None else config_tuple(c))
+                               for m, c in _parsed(ints))}
+
+    for op, name, fn, kwargs_of in (
+            (torch.ops.cutetune.mm_silu_mul.default, MM_SILU_MUL_KERNEL, mm_silu_mul_out,
+             lambda ints: {"config": config_tuple(_from_ints(ints))}),
+            (torch.ops.cutetune.mm_silu_mul_by_m.default, MM_SILU_MUL_BY_M_KERNEL,
+             mm_silu_mul_by_m_out, by_m_kwargs)):
+        if hasattr(extern_kernels, name):  # a reloaded module re-registers its kernels
+            delattr(extern_kernels, name)
+        choice = _externs[name] = ExternKernelChoice(fn, name=name, has_out_variant=True)
+
+        def lowering(a, b, gate, ints, op=op, choice=choice, kwargs_of=kwargs_of):
+            if V.graph.cpp_wrapper:
+                return fallback_handler(op, add_to_fallback_set=False)(a, b, gate, ints)
+            a, b, gate = (ir.ExternKernel.realize_input(t) for t in (a, b, gate))
+            layout = ir.FixedLayout(a.get_device(), a.get_dtype(),
+                                    [a.get_size()[0], b.get_size()[1]])
+            return choice.bind([a, b, gate], layout, **kwargs_of(ints)).output_node()
+
+        register_lowering(op, type_promotion_kind=None)(lowering)
 
 
 @mm_silu_mul.register_fake
