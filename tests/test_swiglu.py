@@ -118,6 +118,17 @@ def test_a_dynamic_m_fuses_per_range_of_m_without_recompiling():
     assert f"table={table!r}" in "".join(code)
 
 
+def test_a_host_bound_rung_of_a_dynamic_m_fuses():
+    """Host-bound, an up projection is left unfused in a static graph (Inductor's pointwise
+    kernel is one launch), but fused at a rung of a dynamic M, whose unfused path is three
+    eager launches; above the host-bound limit both decide alike."""
+    table = Table(SPLIT, PLAIN)
+    assert ci.decide_swiglu(P(16), table, 48.0) is None
+    assert ci.decide_swiglu(P(16), table, 48.0, dynamic_m=True) == PLAIN
+    assert ci.decide_swiglu(P(4096), table, 48.0) == PLAIN
+    assert ci.decide_swiglu(P(4096), table, 48.0, dynamic_m=True) == PLAIN
+
+
 def test_the_by_m_op_fuses_the_range_that_holds_m():
     table = ((4, None), (ci.launcher.M_UNBOUNDED, PLAIN))
     for m in (3, 8):
@@ -432,6 +443,25 @@ for fields, majors in json.loads(sys.argv[2]):
 print(json.dumps(out))
 """
 
+BUILD_TWICE = """
+import json, os, sys
+from cutetune.tuner.compile import configure_gpu_blind
+configure_gpu_blind("sm90", sys.argv[1])
+import torch
+from cutetune.space.config import KernelConfig
+from cutetune.space.problem import GemmProblem
+from cutetune.tuner import aot, gemm_library, swiglu
+config, problem = KernelConfig(tile_m=128, tile_n=128, pingpong=False), GemmProblem(256, 512, 1024)
+out = []
+for folder in sys.argv[2:]:
+    os.environ["CUTETUNE_CACHE"] = folder
+    swiglu.build_library(config, "sm90", torch.bfloat16, ("k", "k"))
+    gemm_library.build_library(problem, config)
+    out.append([aot.library_ready(swiglu.library_key(config, "sm90", torch.bfloat16, ("k", "k"))),
+                aot.library_ready(gemm_library.library_key(problem, config))])
+print(json.dumps(out))
+"""
+
 LOAD_WITHOUT_CUTLASS = """
 import json, sys, torch, tvm_ffi
 from cutetune.tuner import aot
@@ -446,6 +476,15 @@ except ValueError as e:
 print(json.dumps({"err": err, "tail": meta["tail"],
                   "imported": [m for m in ("cutlass", "quack") if m in sys.modules]}))
 """
+
+
+@pytest.mark.compile
+def test_a_kernel_quack_holds_in_memory_is_built_again(tmp_path, run_script):
+    """A library build in a process whose quack has the kernel in memory (a helper forked from
+    a process that ran it) compiles it again, so it gets the object file it links: fused and
+    plain kernels."""
+    assert run_script(BUILD_TWICE, tmp_path / "quack", tmp_path / "a", tmp_path / "b") == [
+        [True, True], [True, True]]
 
 
 @pytest.mark.compile
@@ -715,9 +754,9 @@ def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048(cold_llama_mlp):
 @gpu
 def test_gpu_predicted_mode_fuses_a_dynamic_m_per_range(cold_llama_mlp):
     """Llama-3-8B's MLP compiled once with its M dynamic: the packaged heuristics' decision
-    per range of M (unfused at M=100 and 1024, where the GPU measured the fusion slower or
-    the GEMM is host-bound; fused with a range's config elsewhere), every M right in the one
-    graph, the fused kernels launched from the libraries the compile helper built."""
+    per range of M (unfused at M=1024, where the GPU measured the fusion slower; fused with a
+    range's config elsewhere, host-bound M=100 too), every M right in the one graph, the
+    fused kernels launched from the libraries the compile helper built."""
     from torch._dynamo.utils import counters
     from torch._inductor.utils import fresh_cache
 
@@ -740,7 +779,7 @@ def test_gpu_predicted_mode_fuses_a_dynamic_m_per_range(cold_llama_mlp):
     assert counters["stats"]["unique_graphs"] == 1
     assert code.count(f"extern_kernels.{swiglu.MM_SILU_MUL_BY_M_KERNEL}(") == 1
     vias = {k[1][0]: p.via for k, p in swiglu._plans.items()}
-    assert set(vias) == {512, 2048, 3000}  # M 100 and 1024 ran unfused, on ATen
+    assert set(vias) == {100, 512, 2048, 3000}  # M=1024 ran unfused, on ATen
     assert set(vias.values()) == {"library" if aot.can_link() else "quack"}
 
 

@@ -247,6 +247,31 @@ def link(obj: Path, so: Path) -> None:
         raise AotError(f"linking failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
 
 
+def _forget_compiled_kernels() -> None:
+    """Empty quack's in-memory caches of compiled GEMMs and their launch plans, so that the
+    next build compiles and writes an object file. A helper forked from a process that had
+    run the kernel through quack inherits them (loaded into that process's CUDA context, of
+    no use here), and a build answered from them wrote nothing (on the H200: "expected one
+    object file from quack's compile, found 0", data/reports/gpu/h200_1gpu_s16/session.log).
+    A cache missing from this quack is passed over: the build then fails as before, and its
+    kernel runs through quack's own path."""
+    import quack.gemm
+    import quack.gemm_interface
+    import quack.gemm_runtime.host
+
+    from .quack_epilogues import silu_mul
+
+    for owner, name in ((quack.gemm, "_compile_gemm"), (quack.gemm, "_gemm_plan_cache"),
+                        (quack.gemm_runtime.host, "_compile_gemm_epi"),
+                        (quack.gemm_interface, "_gemm_iface_plan_cache"),
+                        (silu_mul, "_plan_cache"), (silu_mul, "_call_cache")):
+        cache = getattr(owner, name, None)
+        if hasattr(cache, "cache_clear"):
+            cache.cache_clear()
+        elif isinstance(cache, dict):
+            cache.clear()
+
+
 def build(key: str, make_plan, arguments=epi_plan_arguments) -> Path:
     """Compile with quack (``make_plan()`` returns the plan, built while quack's kernel cache
     points at a scratch folder, so its one object file is this kernel's), link, record the
@@ -257,6 +282,7 @@ def build(key: str, make_plan, arguments=epi_plan_arguments) -> Path:
 
     so, meta = library_paths(key)
     so.parent.mkdir(parents=True, exist_ok=True)
+    _forget_compiled_kernels()
     prev = qcache.CACHE_DIR
     with tempfile.TemporaryDirectory(prefix="cutetune-aot-") as tmp:
         qcache.CACHE_DIR = tmp

@@ -89,19 +89,23 @@ def _dynamic_m(x) -> bool:
 
 class SwigluFusionPass(ChainedPass):
     """``decide(problem) -> KernelConfig | None`` says, per up projection, which config to fuse
-    with; ``key`` identifies what decides (it goes into ``uuid()``); ``arch(device)`` is
-    quack's arch for a device, None where quack cannot run; ``prepare(problem, config)``, if
-    given, is told of each fusion at once, to get the kernel ready while Inductor compiles."""
+    with (``decide_by_m``, if given, at each rung of a dynamic M); ``key`` identifies what
+    decides (it goes into ``uuid()``); ``arch(device)`` is quack's arch for a device, None
+    where quack cannot run; ``prepare(problem, config)``, if given, is told of each fusion at
+    once, to get the kernel ready while Inductor compiles."""
 
     NAME = "cutetune-swiglu"
 
     def __init__(self, decide: Callable[[GemmProblem], KernelConfig | None], key: str,
                  arch: Callable[[torch.device], str | None],
                  user_pass: Callable[[torch.fx.Graph], None] | None = None,
-                 prepare: Callable[[GemmProblem, KernelConfig], None] | None = None) -> None:
+                 prepare: Callable[[GemmProblem, KernelConfig], None] | None = None,
+                 decide_by_m: Callable[[GemmProblem], KernelConfig | None] | None = None
+                 ) -> None:
         super().__init__(key, user_pass)
         swiglu.install_lowerings()
         self.decide, self.arch, self.prepare = decide, arch, prepare
+        self.decide_by_m = decide_by_m or decide  # at each rung of a dynamic M
         self.fused: list[tuple[GemmProblem, KernelConfig]] = []  # what this process fused
 
     def apply(self, graph: torch.fx.Graph) -> None:
@@ -136,8 +140,8 @@ class SwigluFusionPass(ChainedPass):
 
     def _rewrite_by_m(self, match, g, x, w) -> None:
         """An up projection whose M is dynamic: fused per range of M (``launcher.m_ranges``)
-        where ``decide`` fuses that range's rung, unfused elsewhere, chosen at each call by its
-        M (``swiglu.mm_silu_mul_by_m``); left as it is where no range fuses."""
+        where ``decide_by_m`` fuses that range's rung, unfused elsewhere, chosen at each call
+        by its M (``swiglu.mm_silu_mul_by_m``); left as it is where no range fuses."""
         firsts = {}  # each config with the problem at the first rung that fused with it
 
         def pick(m: int) -> KernelConfig | None:
@@ -145,7 +149,7 @@ class SwigluFusionPass(ChainedPass):
                 problem = _problem(x, w, self.arch, m)
             except ProblemError:
                 return None
-            config = self.decide(problem)
+            config = self.decide_by_m(problem)
             if config is not None:
                 firsts.setdefault(config, problem)
             return config

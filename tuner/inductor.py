@@ -614,14 +614,19 @@ class ChoicesFactory:
         return CuteTuneChoices(self.mode, self.top_k, self.source)
 
 
-def decide_swiglu(problem: GemmProblem, heuristics, host_bound_us: float
-                  ) -> KernelConfig | None:
+def decide_swiglu(problem: GemmProblem, heuristics, host_bound_us: float,
+                  dynamic_m: bool = False) -> KernelConfig | None:
     """The config to fuse SwiGLU's pointwise product into ``problem`` (its up projection)
     with, or None: not where the GEMM is host-bound (a quack launch would cost the step more
-    host time than the fusion saves on the GPU), else ``swiglu.fusion_config``."""
-    if host_bound(problem, host_bound_us) is not None:
-        return None
+    host time than the fusion saves on the GPU), else ``swiglu.fusion_config``. For a rung of
+    a graph whose M is dynamic (``dynamic_m``) the unfused alternative is the by-M op's own
+    path, three eager launches instead of Inductor's one pointwise kernel: where the GEMM is
+    host-bound, one fused launch costs the step less, so it fuses there with the heuristics'
+    config, whatever the saved traffic (at M=16 unfused, the dynamic MLP stepped 1.21x the
+    default's: data/bench/step_dynamic_h200_extern.json)."""
     try:
+        if host_bound(problem, host_bound_us) is not None:
+            return swiglu.fusion_config(problem, heuristics, min_share=0.0) if dynamic_m else None
         return swiglu.fusion_config(problem, heuristics)
     except HeuristicsError:
         return None
@@ -632,7 +637,8 @@ def swiglu_fusion_pass(factory: ChoicesFactory, user_pass) -> SwigluFusionPass:
     heuristics = _SOURCES[factory.source]
     key = f"{factory.mode}:{factory.source}:{factory.code}"
     return SwigluFusionPass(lambda p: decide_swiglu(p, heuristics, host_bound_us()), key,
-                            lambda device: device_arch(device), user_pass, prepare_fused_kernel)
+                            lambda device: device_arch(device), user_pass, prepare_fused_kernel,
+                            lambda p: decide_swiglu(p, heuristics, host_bound_us(), True))
 
 
 def prepare_fused_kernel(problem: GemmProblem, config: KernelConfig) -> None:

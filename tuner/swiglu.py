@@ -9,11 +9,12 @@ nor the pointwise kernel exists. ``pointwise_share`` prices what that saves at t
 ceilings; ``fusion_config`` decides where to fuse; the Inductor pass that rewrites graphs
 is ``fusion_pass.py``.
 
-The custom op ``cutetune::mm_silu_mul`` (``cutetune::mm_silu_mul_by_m`` for a dynamic M) is what
-a rewritten graph holds; Inductor lowers it as an extern kernel (``install_lowerings``), so
-generated code (also reloaded from the FX-graph cache) calls ``mm_silu_mul_out`` by name. It launches the kernel from its TVM-FFI library (``aot.py``,
-``build_library``) where one is built, without importing quack; runs ATen, unfused, while the
-compile helper builds it; and goes through quack otherwise.
+The custom op ``cutetune::mm_silu_mul`` (``cutetune::mm_silu_mul_by_m`` for a dynamic M) is
+what a rewritten graph holds; Inductor lowers it as an extern kernel (``install_lowerings``),
+so generated code (also reloaded from the FX-graph cache) calls ``mm_silu_mul_out`` by name.
+It launches the kernel from its TVM-FFI library (``aot.py``, ``build_library``) where one is
+built, without importing quack; runs ATen, unfused, while the compile helper builds it; and
+goes through quack otherwise.
 """
 
 from __future__ import annotations
@@ -57,13 +58,13 @@ def pointwise_share(problem: GemmProblem) -> float:
     return pointwise_s / max(compute_s, memory_s)
 
 
-def fusion_config(problem: GemmProblem, heuristics) -> KernelConfig | None:
+def fusion_config(problem: GemmProblem, heuristics,
+                  min_share: float = MIN_POINTWISE_SHARE) -> KernelConfig | None:
     """The quack config to run ``silu(gate) * (a @ b)`` with for ``problem`` (the up
     projection), or None to leave the graph as it is. A problem the heuristics' SwiGLU table
     measured takes what the GPU said (``measured_fusions``). Otherwise: the heuristics' best
     valid config for the plain GEMM without split-K (a split K would apply silu to partial
-    sums), where the saved pointwise traffic is worth at least ``MIN_POINTWISE_SHARE`` of the
-    GEMM."""
+    sums), where the saved pointwise traffic is worth at least ``min_share`` of the GEMM."""
     if problem.batch != 1:
         return None
     measured = getattr(heuristics, "swiglu_config", None)
@@ -71,7 +72,7 @@ def fusion_config(problem: GemmProblem, heuristics) -> KernelConfig | None:
         known, config = measured(problem)
         if known:
             return config
-    if pointwise_share(problem) < MIN_POINTWISE_SHARE:
+    if pointwise_share(problem) < min_share:
         return None
     configs, _ = heuristics.lookup(problem)
     for c in configs:
