@@ -145,6 +145,7 @@
 #      dynamic_steps
 #   dynamic3  (after the fused ops were lowered as extern kernels, no custom-op dispatch in
 #      compiled code) the library case's GPU tests, then dynamic_steps
+#   all_gpu  every GPU test of every file, each file's failures and count kept
 #   dynamic_steps  every mode compiled once with a dynamic M and timed at M 1 to 8192 in one
 #      process (scripts/step_dynamic.py)
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
@@ -525,6 +526,8 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
     dynamic_steps ;;
   dynamic_steps)
     dynamic_steps ;;
+  all_gpu)
+    gpu_tests "$(left 10)" tests/ ;;
   library3)
     timeout 120 python -m pytest -m gpu tests/test_inductor.py -k forked -q --tb=short \
       -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" \
