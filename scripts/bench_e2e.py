@@ -664,8 +664,9 @@ def run_cpu(args) -> dict:
     from cutetune.models.triton_mm import config_key
     from cutetune.space.problem import GemmProblem
     from cutetune.tuner import heuristics as hz
-    from cutetune.tuner.inductor import (QUACK_LAUNCH_HOST_US, REDUCED_TOP_K, decide,
-                                         decide_swiglu, triton_candidates)
+    from cutetune.tuner.inductor import (QUACK_LAUNCH_HOST_US, REDUCED_TOP_K, by_m_table,
+                                         decide, decide_swiglu, triton_candidates)
+    from cutetune.tuner.launcher import m_ranges
 
     if args.heuristics:
         path, source = Path(args.heuristics), "given file"
@@ -695,6 +696,31 @@ def run_cpu(args) -> dict:
                     fn(p)
             rounds.append((time.perf_counter() - t0) / (20 * len(probs)) * 1e6)
         per_call[name] = {"median": statistics.median(rounds), "max": max(rounds)}
+    # A node whose M is dynamic is decided at every rung (inductor.by_m_table), and a SwiGLU
+    # up projection's fusion too (fusion_pass): what such a node costs a compile, and the
+    # ranges the benchmark's GEMMs get
+    def plain_by_m(n, k):
+        return by_m_table(lambda m: GemmProblem(m, n, k, b_major="k"), h, QUACK_LAUNCH_HOST_US)
+
+    def swiglu_by_m(n, k):
+        return m_ranges(lambda m: decide_swiglu(GemmProblem(m, n, k, b_major="k"), h,
+                                                QUACK_LAUNCH_HOST_US, dynamic_m=True))
+
+    shapes = ((INTER, HIDDEN), (HIDDEN, INTER), (HIDDEN, HIDDEN), (KV, HIDDEN))
+    for name, fn in (("by_m_table_us", plain_by_m), ("swiglu_by_m_us", swiglu_by_m)):
+        rounds = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for n, k in shapes:
+                fn(n, k)
+            rounds.append((time.perf_counter() - t0) / len(shapes) * 1e6)
+        per_call[name] = {"median": statistics.median(rounds), "max": max(rounds)}
+
+    def described(table):
+        return [[m_max, c and c.short()] for m_max, c in table]
+
+    dynamic_m = {f"{n}x{k}": described(plain_by_m(n, k)) for n, k in shapes}
+    dynamic_m[f"swiglu_{INTER}x{HIDDEN}"] = described(swiglu_by_m(INTER, HIDDEN))
     decisions = {}  # what each mode gives the benchmark's GEMMs (without CUDA graphs)
     for p in llama:
         d = {mode: decide(p, mode, h, k, QUACK_LAUNCH_HOST_US)
@@ -750,6 +776,10 @@ def run_cpu(args) -> dict:
         # (tuner/swiglu.py), and the config, or None: left to the choices above
         "swiglu_fusion": {f"mlp_m{m}": (lambda c: c and c.short())(decide_swiglu(
             GemmProblem(m, INTER, HIDDEN, b_major="k"), h, QUACK_LAUNCH_HOST_US)) for m in MS},
+        # with M dynamic: (largest M of a range, predicted mode's config or None for ATen) per
+        # N x K of the benchmark's plain GEMMs, and (.., fused config or None: unfused) for
+        # the MLP's up projection
+        "dynamic_m": dynamic_m,
     }
 
 
@@ -800,7 +830,9 @@ def main(argv=None) -> int:
               f"KiB, {res['heuristics']['configs']} configs): load {res['load_ms']['median']:.1f} "
               f"ms, lookup {res['lookup_us']['median']:.1f} us, decide "
               f"{res['decide_predicted_us']['median']:.1f} / "
-              f"{res['decide_reduced_us']['median']:.1f} us (predicted / reduced) -> {out}")
+              f"{res['decide_reduced_us']['median']:.1f} us (predicted / reduced), a dynamic-M "
+              f"node {res['by_m_table_us']['median']:.0f} us (SwiGLU "
+              f"{res['swiglu_by_m_us']['median']:.0f} us) -> {out}")
         return 0
     res = merge([json.loads(Path(f).read_text()) for f in args.merge]) if args.merge \
         else run_gpu(args)
