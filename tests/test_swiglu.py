@@ -129,6 +129,47 @@ def test_a_host_bound_rung_of_a_dynamic_m_fuses():
     assert ci.decide_swiglu(P(4096), table, 48.0, dynamic_m=True) == PLAIN
 
 
+DYNAMIC_M_FRESH_PROCESS = """
+import json, torch, torch.nn.functional as F
+from torch._dynamo.utils import counters
+from torch._inductor import config as inductor_config
+from cutetune.space.config import KernelConfig
+from cutetune.tuner.fusion_pass import SwigluFusionPass
+g = torch.Generator().manual_seed(0)
+wg, wu, wd = (torch.randn(s, generator=g, dtype=torch.bfloat16) / 8
+              for s in ((64, 32), (64, 32), (32, 64)))
+mlp = lambda x: F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+plain = KernelConfig(tile_m=128, tile_n=128, pingpong=False)
+inductor_config.post_grad_custom_post_pass = SwigluFusionPass(
+    lambda p: plain if p.m >= 64 else None, "k", lambda device: "sm90")
+fn, x = torch.compile(mlp), torch.randn(16, 32, dtype=torch.bfloat16)
+torch._dynamo.mark_dynamic(x, 0)
+fn(x)
+errs = []
+for m in (2, 300):
+    xm = torch.randn(m, 32, dtype=torch.bfloat16)
+    ref = mlp(xm)
+    errs.append(((fn(xm).float() - ref.float()).norm() / ref.float().norm()).item())
+print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"]
+                  + counters["aot_autograd"]["autograd_cache_hit"],
+                  "miss": counters["inductor"]["fxgraph_cache_miss"], "err": max(errs)}))
+"""
+
+
+def test_a_dynamic_m_graph_reloads_from_the_fx_graph_cache_in_a_fresh_process(tmp_path,
+                                                                                run_script):
+    """Code calling the by-M fused kernel (its table a literal) runs every M right after a
+    reload from Inductor's FX-graph cache in a fresh process, whose fusion pass registers
+    the kernel by name (on the CPU the kernel runs ATen)."""
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+    runs = [run_script(DYNAMIC_M_FRESH_PROCESS, env=env) for _ in range(2)]
+    assert runs[0]["miss"] >= 1 and runs[1]["hit"] >= 1 and runs[1]["miss"] == 0
+    assert all(r["err"] < 1e-2 for r in runs)
+    cached = "".join(p.read_text() for p in (tmp_path / "inductor").rglob("*.py"))
+    assert f"extern_kernels.{swiglu.MM_SILU_MUL_BY_M_KERNEL}(" in cached
+
+
 def test_the_by_m_op_fuses_the_range_that_holds_m():
     table = ((4, None), (ci.launcher.M_UNBOUNDED, PLAIN))
     for m in (3, 8):
