@@ -161,13 +161,22 @@ def test_a_dynamic_m_graph_reloads_from_the_fx_graph_cache_in_a_fresh_process(tm
     """Code calling the by-M fused kernel (its table a literal) runs every M right after a
     reload from Inductor's FX-graph cache in a fresh process, whose fusion pass registers
     the kernel by name (on the CPU the kernel runs ATen)."""
+    _reload_from_the_fx_graph_cache(run_script, DYNAMIC_M_FRESH_PROCESS, tmp_path,
+                                    swiglu.MM_SILU_MUL_BY_M_KERNEL, 1e-2)
+
+
+def _reload_from_the_fx_graph_cache(run_script, script: str, tmp_path, kernel: str,
+                                    tolerance: float) -> None:
+    """Run ``script`` twice in fresh processes sharing an FX-graph cache: the first misses,
+    the second hits and misses nothing, both within ``tolerance`` of eager, and the cached
+    code calls ``extern_kernels.<kernel>``."""
     env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
-    runs = [run_script(DYNAMIC_M_FRESH_PROCESS, env=env) for _ in range(2)]
+    runs = [run_script(script, env=env) for _ in range(2)]
     assert runs[0]["miss"] >= 1 and runs[1]["hit"] >= 1 and runs[1]["miss"] == 0
-    assert all(r["err"] < 1e-2 for r in runs)
+    assert all(r["err"] < tolerance for r in runs)
     cached = "".join(p.read_text() for p in (tmp_path / "inductor").rglob("*.py"))
-    assert f"extern_kernels.{swiglu.MM_SILU_MUL_BY_M_KERNEL}(" in cached
+    assert f"extern_kernels.{kernel}(" in cached
 
 
 def test_the_by_m_op_fuses_the_range_that_holds_m():
@@ -880,13 +889,8 @@ def test_gpu_fused_mlp_reloads_from_the_fx_graph_cache_in_a_fresh_process(tmp_pa
     """Generated code that calls the fused kernel runs after a reload from Inductor's
     FX-graph cache in a fresh process (enable() installs the fusion pass, which registers the
     kernel by name before the code runs)."""
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
-    runs = [run_script(FRESH_PROCESS, env=env) for _ in range(2)]
-    assert runs[0]["miss"] >= 1 and runs[1]["hit"] >= 1 and runs[1]["miss"] == 0
-    assert all(r["err"] < 2e-2 for r in runs)
-    cached = "".join(p.read_text() for p in (tmp_path / "inductor").rglob("*.py"))
-    assert f"extern_kernels.{swiglu.MM_SILU_MUL_KERNEL}(" in cached
+    _reload_from_the_fx_graph_cache(run_script, FRESH_PROCESS, tmp_path,
+                                    swiglu.MM_SILU_MUL_KERNEL, 2e-2)
 
 
 def test_prebuild_lists_the_shipped_tables_fused_kernels_once_each():
