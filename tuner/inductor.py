@@ -19,8 +19,10 @@ Modes:
              first GEMM node is lowered, so they compile at once instead of one by one in the
              benchmark.
   off        nothing installed (an active cutetune installation is lifted for the block).
-Nodes quack cannot run (dtype, layout, alignment, dynamic shapes, a GPU other than sm90/sm100)
-keep Inductor's own candidates: ATen alone under default settings. Both modes leave to
+A 2D mm/addmm whose M alone is dynamic gets, in both modes, one choice that runs predicted
+mode's config for the range of M holding each call's M (``by_m_choices``). Nodes quack cannot
+run (dtype, layout, alignment, other dynamic sizes, a GPU other than sm90/sm100) keep
+Inductor's own candidates: ATen alone under default settings. Both modes leave to
 Inductor the GEMMs too small to cover a quack launch's host time (``QUACK_LAUNCH_HOST_US``)
 unless the graph runs under CUDA graphs: the cost model and Inductor's benchmark time the GPU
 only, and at small M a step without CUDA graphs waits on the host. Where such a plain mm is

@@ -94,7 +94,7 @@ def static_ints(values, what: str) -> tuple[int, ...]:
         if isinstance(v, sympy.Expr) and v.is_Integer:
             v = int(v)
         if not isinstance(v, int):
-            raise ProblemError(f"{what} {tuple(values)} are symbolic (dynamic shapes run ATen)")
+            raise ProblemError(f"{what} {tuple(values)} are symbolic")
         out.append(v)
     return tuple(out)
 
