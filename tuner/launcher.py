@@ -458,12 +458,18 @@ def extern_choices() -> dict[str, object]:
     soon as cutetune is enabled there, which a cache hit requires anyway (the installed choices
     are part of the cache key)."""
     if not _extern:
-        from torch._inductor.select_algorithm import ExternKernelChoice, extern_kernels
-
         for name, fn in ((MM_KERNEL, _cutetune_quack_mm), (ADDMM_KERNEL, _cutetune_quack_addmm),
                          (MM_BY_M_KERNEL, _cutetune_quack_mm_by_m),
                          (ADDMM_BY_M_KERNEL, _cutetune_quack_addmm_by_m)):
-            if hasattr(extern_kernels, name):  # a reloaded module re-registers its kernels
-                delattr(extern_kernels, name)
-            _extern[name] = ExternKernelChoice(fn, name=name, has_out_variant=True)
+            _extern[name] = register_extern(name, fn)
     return _extern
+
+
+def register_extern(name: str, fn):
+    """An Inductor ExternKernelChoice (out variant) that generated code calls as
+    ``extern_kernels.<name>``, registered under that name."""
+    from torch._inductor.select_algorithm import ExternKernelChoice, extern_kernels
+
+    if hasattr(extern_kernels, name):  # a reloaded module re-registers its kernels
+        delattr(extern_kernels, name)
+    return ExternKernelChoice(fn, name=name, has_out_variant=True)

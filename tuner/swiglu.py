@@ -35,7 +35,7 @@ from cutetune.space.rules import is_valid
 
 from . import aot
 from .launcher import (TORCH_DTYPES, _aligned, as_config, check_config, check_out, config_for_m,
-                       config_tuple, device_arch, gemm_problem, launch_first)
+                       config_tuple, device_arch, gemm_problem, launch_first, register_extern)
 
 log = logging.getLogger(__name__)
 
@@ -398,7 +398,6 @@ def install_lowerings() -> None:
         return
     from torch._inductor import ir
     from torch._inductor.lowering import fallback_handler, register_lowering
-    from torch._inductor.select_algorithm import ExternKernelChoice, extern_kernels
     from torch._inductor.virtualized import V
 
     def by_m_kwargs(ints):
@@ -410,9 +409,7 @@ def install_lowerings() -> None:
              lambda ints: {"config": config_tuple(_from_ints(ints))}),
             (torch.ops.cutetune.mm_silu_mul_by_m.default, MM_SILU_MUL_BY_M_KERNEL,
              mm_silu_mul_by_m_out, by_m_kwargs)):
-        if hasattr(extern_kernels, name):  # a reloaded module re-registers its kernels
-            delattr(extern_kernels, name)
-        choice = _externs[name] = ExternKernelChoice(fn, name=name, has_out_variant=True)
+        choice = _externs[name] = register_extern(name, fn)
 
         def lowering(a, b, gate, ints, op=op, choice=choice, kwargs_of=kwargs_of):
             if V.graph.cpp_wrapper:
