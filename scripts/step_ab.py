@@ -58,6 +58,27 @@ def _installation(mode: str, heldout_model: str | None):
     return enable(mode) if mode in ("predicted", "reduced") else contextlib.nullcontext()
 
 
+def _compiled(module, mode: str):
+    """The mode's ``torch.compile`` of ``module``'s own step (max-autotune: ATen and Triton
+    GEMM backends, as in bench_e2e)."""
+    import torch
+
+    options = ({"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
+               if mode == "max-autotune" else None)
+    return torch.compile(_fresh_step(module), options=options)
+
+
+def _interleaved(torch, fns: dict, x, rounds: int) -> dict:
+    """Each of ``fns`` timed on ``x`` in ``rounds`` rounds, each round starting one function
+    later than the last (so that none always runs after the same one): name -> the rounds'
+    ``_time_calls`` results."""
+    timed, order = {name: [] for name in fns}, list(fns)
+    for r in range(rounds):
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            timed[name].append(_time_calls(torch, fns[name], x, repeats=3, warmup_s=0.0))
+    return timed
+
+
 def _run_and_capture_code(fn, x):
     """``fn(x)`` and the output code Inductor generates meanwhile. Not Inductor's
     ``run_and_get_code``: it resets Dynamo, which throws away the modes compiled before, so
@@ -129,9 +150,7 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
         fns, kernels, compile_s = {"eager": module}, {}, {}
         with torch.no_grad():
             for mode in modes:
-                options = ({"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
-                           if mode == "max-autotune" else None)
-                fns[mode] = torch.compile(_fresh_step(module), options=options)
+                fns[mode] = _compiled(module, mode)
                 t0 = time.perf_counter()
                 with _installation(mode, heldout_model):
                     code = _run_and_capture_code(fns[mode], x)[1]
@@ -145,13 +164,8 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
                 graphs = counters["stats"]["unique_graphs"]
                 _time_calls(torch, fn, x, repeats=1)  # warm-up
                 recompiled[mode] = counters["stats"]["unique_graphs"] - graphs
-            timed = {mode: [] for mode in fns}
-            order = list(fns)
             with _pinned(pin_cpu), _gc_paused(gc_off):
-                for r in range(rounds):
-                    for mode in order[r % len(order):] + order[:r % len(order)]:
-                        timed[mode].append(_time_calls(torch, fns[mode], x, repeats=3,
-                                                       warmup_s=0.0))
+                timed = _interleaved(torch, fns, x, rounds)
         res["workloads"][name] = {
             "kernels": kernels,
             "graphs_compiled_when_timed": recompiled,

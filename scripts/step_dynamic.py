@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import HIDDEN, _kernel_counts, _rel_err, _time_calls, _workloads  # noqa: E402
-from step_ab import (_fresh_step, _installation, _pinned,  # noqa: E402
+from step_ab import (_compiled, _installation, _interleaved, _pinned,  # noqa: E402
                      _run_and_capture_code)
 
 MODES = ("default", "max-autotune", "predicted")
@@ -64,9 +64,7 @@ def measure(ms, compile_m: int, modes, workloads, rounds: int, pin_cpu: int | No
         with torch.no_grad():
             refs = {m: module(x) for m, x in xs.items()}
             for mode in modes:
-                options = ({"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
-                           if mode == "max-autotune" else None)
-                fn = fns[mode] = torch.compile(_fresh_step(module), options=options)
+                fn = fns[mode] = _compiled(module, mode)
                 x0 = torch.randn(compile_m, HIDDEN, device="cuda", dtype=torch.bfloat16)
                 torch._dynamo.mark_dynamic(x0, 0)
                 before = counters["stats"]["unique_graphs"]
@@ -88,17 +86,13 @@ def measure(ms, compile_m: int, modes, workloads, rounds: int, pin_cpu: int | No
             helpers = _wait_for_helpers(600.0)
             for mode, fn in fns.items():
                 errors[mode] = {m: _rel_err(torch, fn(x), refs[m]) for m, x in xs.items()}
-            timed = {m: {mode: [] for mode in fns} for m in ms}
-            order = list(fns)
+            timed = {}
             graphs_before = counters["stats"]["unique_graphs"]
             with _pinned(pin_cpu):
                 for m, x in xs.items():
                     for fn in fns.values():
                         _time_calls(torch, fn, x, repeats=1)  # warm-up
-                    for r in range(rounds):
-                        for mode in order[r % len(order):] + order[:r % len(order)]:
-                            timed[m][mode].append(
-                                _time_calls(torch, fns[mode], x, repeats=3, warmup_s=0.0))
+                    timed[m] = _interleaved(torch, fns, x, rounds)
         step = {m: {mode: float(np.median([t["median"] for t in ts])) * 1e3
                     for mode, ts in by_mode.items()} for m, by_mode in timed.items()}
         res["workloads"][name] = {
