@@ -62,16 +62,15 @@ def main() -> None:
     def mm_pointwise_mm(x):
         return (F.silu(torch.mm(x, b)) * torch.mm(x, b)) @ b.t()
 
-    compiled = {name: torch.compile(fn, dynamic=False)
-                for name, fn in (("op_then_mm", op_then_mm), ("mm_pointwise_mm", mm_pointwise_mm))}
+    graphs = {"op_then_mm": op_then_mm, "mm_pointwise_mm": mm_pointwise_mm}
     variants = {
         "direct_aten": direct,
         "by_m_op": lambda: by_m(a, b, gate, table),
         "by_m_python": lambda: swiglu.mm_silu_mul_by_m._init_fn(a, b, gate, table),
         "eager_pointwise": lambda: F.silu(gate) * (a @ b),
-        **{f"compiled_{name}": (lambda fn=fn: fn(a)) for name, fn in compiled.items()},
-        **{f"eager_{name}": (lambda fn=fn: fn(a)) for name, fn in (
-            ("op_then_mm", op_then_mm), ("mm_pointwise_mm", mm_pointwise_mm))},
+        **{f"compiled_{name}": (lambda fn=torch.compile(fn, dynamic=False): fn(a))
+           for name, fn in graphs.items()},
+        **{f"eager_{name}": (lambda fn=fn: fn(a)) for name, fn in graphs.items()},
     }
     with torch.no_grad():
         res = {"m": m, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
