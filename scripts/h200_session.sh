@@ -148,6 +148,15 @@
 #   all_gpu  every GPU test of every file, each file's failures and count kept
 #   dynamic_steps  every mode compiled once with a dynamic M and timed at M 1 to 8192 in one
 #      process (scripts/step_dynamic.py)
+#   small_fusion  (after a static graph's host-bound up projection fused where the GPU measured it
+#      faster, and the unfused product ran as one Triton pass) the fused kernel against cuBLAS +
+#      Inductor's pointwise kernel on Llama-3-8B's up projection at M 1 to 256
+#      (data/bench/swiglu_small_h200.json), the heuristics emitted here with it
+#      (scripts/emit_heuristics.sh) and this environment's fused kernels packaged for them
+#   small_steps  (with small_fusion's heuristics and kernels, left under /tmp on the same machine)
+#      every mode's MLP steps in one process at M 1 16 128, then dynamic_steps with reduced too
+#   small_tests  the GPU tests of the fused kernel (the unfused product's kernel among them) and
+#      of the Inductor integration
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -201,8 +210,9 @@ mlp_steps() {  # mlp_steps TAG ROUNDS RESERVE_S "MODES" M...: the MLP's steps in
   done
 }
 dynamic_steps() {  # every mode compiled once with a dynamic M, timed at each M in one process
+  # (step_dynamic.py's arguments, such as --modes, may follow)
   timeout "$(left 10)" python scripts/step_dynamic.py --save-code "$E2E/code_dynamic" \
-    --pin-cpu 6 --out "$E2E/step_dynamic.json" 2>&1 | tail -n 5 | tee "$E2E/step_dynamic.log"
+    --pin-cpu 6 --out "$E2E/step_dynamic.json" "$@" 2>&1 | tail -n 5 | tee "$E2E/step_dynamic.log"
 }
 case $CALL in
   a)
@@ -526,6 +536,23 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
     dynamic_steps ;;
   dynamic_steps)
     dynamic_steps ;;
+  small_fusion)
+    timeout "$(left 200)" python scripts/swiglu_bench.py --ms 1 16 64 128 256 \
+      --out data/bench/swiglu_small_h200.json 2>&1 | grep -v -i "warn\|block_copy\|from cutlass" \
+      | tee "$E2E/swiglu_small.log"
+    timeout "$(left 40)" bash scripts/emit_heuristics.sh 2>&1 | tail -n 8 | tee "$E2E/emit.log"
+    timeout "$(left 5)" python -m cutetune prebuild --package cutetune/data/fused_kernels.zip \
+      2>&1 | tail -n 5 | tee "$E2E/prebuild.log"
+    cp data/bench/swiglu_small_h200.json cutetune/data/heuristics_sm90_bf16.json \
+      cutetune/data/fused_kernels.zip "$E2E/" ;;
+  small_steps)
+    cp "$E2E"/heuristics_sm90_bf16.json "$E2E"/fused_kernels.zip cutetune/data/  # small_fusion's
+    mlp_steps small 15 340 "default max-autotune predicted reduced" 1 16 128
+    dynamic_steps --modes default max-autotune predicted reduced ;;
+  small_tests)
+    cp "$E2E"/heuristics_sm90_bf16.json "$E2E"/fused_kernels.zip cutetune/data/
+    cp "$E2E"/swiglu_small_h200.json data/bench/
+    gpu_tests "$(left 10)" tests/test_swiglu.py tests/test_inductor.py ;;
   all_gpu)
     gpu_tests "$(left 10)" tests/ ;;
   library3)

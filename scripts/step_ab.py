@@ -94,6 +94,15 @@ def _run_and_capture_code(fn, x):
     return out, codes
 
 
+def _wait_for_helpers(timeout_s: float) -> dict:
+    """Let cutetune's compile helpers finish what they were sent (the fused kernels predicted
+    mode builds beside the compile; calls run ATen until then): what each reported."""
+    from cutetune.tuner import prefetch
+
+    return {arch: {**helper.wait(timeout=timeout_s), "failures": helper.failures()}
+            for arch, helper in prefetch.SHARED_PREFETCHERS.items()}
+
+
 def _allowed_cpus(cpu: int) -> set[int]:
     """The CPUs this thread may run on, which must hold ``cpu`` (ValueError naming them)."""
     allowed = os.sched_getaffinity(0)
@@ -159,6 +168,7 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
                 if save_code is not None:
                     save_code.mkdir(parents=True, exist_ok=True)
                     (save_code / f"m{m}_{name}_{mode}.py").write_text("\n".join(code))
+            helpers = _wait_for_helpers(600.0)  # time the kernels the modes compiled
             recompiled = {}  # a graph Dynamo compiles again here runs without cutetune
             for mode, fn in fns.items():
                 graphs = counters["stats"]["unique_graphs"]
@@ -169,6 +179,7 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
         res["workloads"][name] = {
             "kernels": kernels,
             "graphs_compiled_when_timed": recompiled,
+            "helpers": helpers,
             "compile_s_in_process": compile_s,  # imports and caches warm: not bench_e2e's
             "step_us": {mode: float(np.median([t["median"] for t in ts])) * 1e3
                         for mode, ts in timed.items()},

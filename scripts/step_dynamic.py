@@ -29,19 +29,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import HIDDEN, _kernel_counts, _rel_err, _time_calls, _workloads  # noqa: E402
 from step_ab import (_compiled, _installation, _interleaved, _pinned,  # noqa: E402
-                     _run_and_capture_code)
+                     _run_and_capture_code, _wait_for_helpers)
 
 MODES = ("default", "max-autotune", "predicted")
 MS = (1, 16, 128, 1024, 2048, 4096, 8192)
-
-
-def _wait_for_helpers(timeout_s: float) -> dict:
-    """Let cutetune's compile helpers finish what they were sent (the fused kernels predicted
-    mode builds beside the compile; calls run ATen until then): what each reported."""
-    from cutetune.tuner import prefetch
-
-    return {arch: {**helper.wait(timeout=timeout_s), "failures": helper.failures()}
-            for arch, helper in prefetch.SHARED_PREFETCHERS.items()}
 
 
 def measure(ms, compile_m: int, modes, workloads, rounds: int, pin_cpu: int | None = None,
@@ -112,15 +103,19 @@ def measure(ms, compile_m: int, modes, workloads, rounds: int, pin_cpu: int | No
 
 def over_best(step: dict) -> dict:
     """Per M, predicted mode's step time over the better of default's and max-autotune's
-    (those measured), and their geomean over M >= 1024."""
-    out = {}
+    (those measured), and their geomean over M >= 1024; where reduced mode ran, its step over
+    predicted mode's per M."""
+    out, reduced = {}, {}
     for m, by_mode in step.items():
         best = [by_mode[k] for k in ("default", "max-autotune") if k in by_mode]
         if "predicted" in by_mode and best:
             out[m] = by_mode["predicted"] / min(best)
+        if "predicted" in by_mode and "reduced" in by_mode:
+            reduced[m] = by_mode["reduced"] / by_mode["predicted"]
     big = [r for m, r in out.items() if int(m) >= 1024]
     return {"by_m": out,
-            "geomean_m_ge_1024": float(np.exp(np.mean(np.log(big)))) if big else None}
+            "geomean_m_ge_1024": float(np.exp(np.mean(np.log(big)))) if big else None,
+            **({"reduced_over_predicted": reduced} if reduced else {})}
 
 
 def main() -> None:

@@ -247,3 +247,7 @@ def test_step_dynamic_reports_predicted_over_the_better_baseline():
                                            "predicted": 380.0}})
     assert res["by_m"] == {"16": 9.0 / 8.0, "1024": 0.95, "4096": 0.95}
     assert res["geomean_m_ge_1024"] == pytest.approx(0.95)
+    assert "reduced_over_predicted" not in res
+    res = _script("step_dynamic").over_best({"16": {"default": 10.0, "predicted": 9.0,
+                                                    "reduced": 9.9}})
+    assert res["reduced_over_predicted"] == {"16": pytest.approx(1.1)}

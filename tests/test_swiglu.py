@@ -17,7 +17,7 @@ from torch._inductor.utils import run_and_get_code
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
 from cutetune.tuner import inductor as ci
-from cutetune.tuner import prefetch, swiglu
+from cutetune.tuner import pointwise, prefetch, swiglu
 from cutetune.tuner.fusion_pass import SwigluFusionPass
 from cutetune.tuner.heuristics import PackagedHeuristics
 
@@ -119,14 +119,40 @@ def test_a_dynamic_m_fuses_per_range_of_m_without_recompiling():
 
 
 def test_a_host_bound_rung_of_a_dynamic_m_fuses():
-    """Host-bound, an up projection is left unfused in a static graph (Inductor's pointwise
-    kernel is one launch), but fused at a rung of a dynamic M, whose unfused path is three
-    eager launches; above the host-bound limit both decide alike."""
+    """Host-bound and not measured, an up projection is left unfused in a static graph
+    (Inductor's pointwise kernel is one launch), but fused at a rung of a dynamic M, whose
+    unfused path is launches of its own; above the host-bound limit both decide alike."""
     table = Table(SPLIT, PLAIN)
     assert ci.decide_swiglu(P(16), table, 48.0) is None
     assert ci.decide_swiglu(P(16), table, 48.0, dynamic_m=True) == PLAIN
     assert ci.decide_swiglu(P(4096), table, 48.0) == PLAIN
     assert ci.decide_swiglu(P(4096), table, 48.0, dynamic_m=True) == PLAIN
+
+
+class Measured(Table):
+    """A heuristics stand-in with a SwiGLU table: problem -> the measured fused config or
+    None (unfused measured faster)."""
+
+    def __init__(self, fusions, *configs):
+        super().__init__(*configs)
+        self.fusions = fusions
+
+    def swiglu_config(self, problem):
+        return problem in self.fusions, self.fusions.get(problem)
+
+
+def test_a_host_bound_static_up_projection_fuses_only_where_the_gpu_measured_it():
+    """In a static graph a host-bound up projection fuses where the SwiGLU table measured
+    the fused kernel faster, with the measured config; measured slower or not measured, it
+    stays unfused. A dynamic M's rung takes the measurement where there is one too."""
+    fast = KernelConfig(tile_m=64, tile_n=128, pingpong=False, cluster_m=1, cluster_n=1)
+    table = Measured({P(16): fast, P(128): None}, SPLIT, PLAIN)
+    assert ci.decide_swiglu(P(16), table, 48.0) == fast
+    assert ci.decide_swiglu(P(128), table, 48.0) is None
+    assert ci.decide_swiglu(P(1), table, 48.0) is None
+    assert ci.decide_swiglu(P(1), table, 48.0, dynamic_m=True) == PLAIN
+    assert ci.decide_swiglu(P(128), table, 48.0, dynamic_m=True) is None
+    assert ci.decide_swiglu(P(16), table, 48.0, dynamic_m=True) == fast
 
 
 DYNAMIC_M_FRESH_PROCESS = """
@@ -382,6 +408,20 @@ def test_cpu_tensors_run_aten():
     swiglu.quack_mm_silu_mul_out(a, b, gate, out, PLAIN)
     torch.testing.assert_close(out, F.silu(gate) * (a @ b))
     assert swiglu.launched_via(a, b, gate, out, PLAIN) is None
+
+
+def test_the_unfused_product_runs_eager_where_its_kernel_does_not_take_the_operands():
+    """silu(gate) * up in place: the Triton kernel takes contiguous CUDA operands of one
+    shape and dtype; anything else (CPU tensors here, a transposed gate) runs eager ATen."""
+    gate, up = torch.randn(8, 6), torch.randn(8, 6)
+    want = F.silu(gate) * up
+    assert not pointwise.one_pass(up, gate)
+    assert pointwise.silu_mul_(up, gate) is up
+    torch.testing.assert_close(up, want)
+    up2 = torch.randn(6, 8)
+    want = F.silu(gate.t()) * up2
+    pointwise.silu_mul_(up2, gate.t())
+    torch.testing.assert_close(up2, want)
 
 
 def test_a_failing_library_leaves_the_call_on_quack_and_a_failing_quack_on_aten(monkeypatch):
@@ -680,6 +720,51 @@ def _gpu_operands(dtype):
 def _rel_err_to_fp32(a, b, gate, out) -> float:
     ref = F.silu(gate.float()) * (a.float() @ b.float())
     return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [BF16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("shape", [(1024, 14336), (3, 1000), (1, 7)])
+def test_gpu_unfused_product_is_one_kernel_rounded_once(shape, dtype):
+    """The Triton kernel computes silu(gate) * up in fp32 and rounds once, as Inductor's
+    pointwise kernel does (within one ulp of it), in place, on sizes that do not fill its
+    blocks too."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    gate = torch.randn(shape, device="cuda", dtype=dtype)
+    up = torch.randn(shape, device="cuda", dtype=dtype)
+    want = (F.silu(gate.float()) * up.float()).to(dtype).float()
+    assert pointwise.one_pass(up, gate)
+    pointwise.silu_mul_(up.clone(), gate)  # compiles
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        assert pointwise.silu_mul_(up, gate) is up
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert kernels == ["silu_mul_inplace"], kernels
+    ulp = want.abs() * torch.finfo(dtype).eps + torch.finfo(dtype).tiny
+    assert ((up.float() - want).abs() <= ulp).all()
+
+
+@gpu
+def test_gpu_unfused_product_runs_eager_in_a_capture_until_its_kernel_is_compiled(
+        monkeypatch):
+    """A CUDA-graph capture must not compile: before the kernel's first launch in the process
+    a captured call runs eager ATen, and the replay computes the same product."""
+    monkeypatch.setattr(pointwise, "_launched", set())
+    gate = torch.randn(64, 256, device="cuda", dtype=BF16)
+    up = torch.randn(64, 256, device="cuda", dtype=BF16)
+    want = F.silu(gate) * up
+    graph = torch.cuda.CUDAGraph()
+    start = up.clone()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        pointwise.silu_mul_(up, gate)
+    assert not pointwise._launched
+    up.copy_(start)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(up, want)
 
 
 @gpu

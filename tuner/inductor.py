@@ -619,17 +619,20 @@ class ChoicesFactory:
 def decide_swiglu(problem: GemmProblem, heuristics, host_bound_us: float,
                   dynamic_m: bool = False) -> KernelConfig | None:
     """The config to fuse SwiGLU's pointwise product into ``problem`` (its up projection)
-    with, or None: not where the GEMM is host-bound (a quack launch would cost the step more
-    host time than the fusion saves on the GPU), else ``swiglu.fusion_config``. For a rung of
-    a graph whose M is dynamic (``dynamic_m``) the unfused alternative is the by-M op's own
-    path, three eager launches instead of Inductor's one pointwise kernel: where the GEMM is
-    host-bound, one fused launch costs the step less, so it fuses there with the heuristics'
-    config, whatever the saved traffic (at M=16 unfused, the dynamic MLP stepped 1.21x the
-    default's: data/bench/step_dynamic_h200_extern.json)."""
+    with, or None: ``swiglu.fusion_config``, except where the GEMM is host-bound. There, in a
+    static graph, only where the GPU measured the fusion (the heuristics' SwiGLU table): the
+    unfused step is two GEMMs and Inductor's pointwise kernel, and whether one fused launch
+    beats them depends on the kernel more than on the traffic it saves. For a rung of a graph
+    whose M is dynamic (``dynamic_m``) the unfused alternative is the by-M op's own path, a
+    GEMM and a pointwise launch of its own instead of Inductor's fused pointwise kernel: there
+    a host-bound rung fuses with the heuristics' config, whatever the saved traffic (at M=16
+    unfused, the dynamic MLP stepped 1.21x the default's:
+    data/bench/step_dynamic_h200_extern.json)."""
     try:
-        if host_bound(problem, host_bound_us) is not None:
-            return swiglu.fusion_config(problem, heuristics, min_share=0.0) if dynamic_m else None
-        return swiglu.fusion_config(problem, heuristics)
+        if host_bound(problem, host_bound_us) is None:
+            return swiglu.fusion_config(problem, heuristics)
+        return swiglu.fusion_config(problem, heuristics,
+                                    min_share=0.0 if dynamic_m else math.inf)
     except HeuristicsError:
         return None
 

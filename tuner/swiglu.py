@@ -25,7 +25,6 @@ import time
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from cutetune.space.config import KernelConfig
 from cutetune.space.device import device_for
@@ -33,7 +32,7 @@ from cutetune.space.features import ceiling_times_s
 from cutetune.space.problem import DTYPE_BYTES, GemmProblem, ProblemError
 from cutetune.space.rules import is_valid
 
-from . import aot
+from . import aot, pointwise
 from .launcher import (TORCH_DTYPES, _aligned, as_config, check_config, check_out, config_for_m,
                        config_tuple, device_arch, gemm_problem, launch_first, register_extern)
 
@@ -64,7 +63,8 @@ def fusion_config(problem: GemmProblem, heuristics,
     projection), or None to leave the graph as it is. A problem the heuristics' SwiGLU table
     measured takes what the GPU said (``measured_fusions``). Otherwise: the heuristics' best
     valid config for the plain GEMM without split-K (a split K would apply silu to partial
-    sums), where the saved pointwise traffic is worth at least ``min_share`` of the GEMM."""
+    sums), where the saved pointwise traffic is worth at least ``min_share`` of the GEMM
+    (``math.inf``: measured problems only)."""
     if problem.batch != 1:
         return None
     measured = getattr(heuristics, "swiglu_config", None)
@@ -175,8 +175,9 @@ def unsupported_reason(a, b, gate, out, config) -> str | None:
 
 
 def _aten(a, b, gate, out):
+    """Unfused: cuBLAS's mm, then the product in one pass (``pointwise.silu_mul_``)."""
     torch.mm(a, b, out=out)
-    return out.mul_(F.silu(gate))
+    return pointwise.silu_mul_(out, gate)
 
 
 def _build_pending(plan: _Plan, device: torch.device) -> bool:
