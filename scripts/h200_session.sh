@@ -151,12 +151,13 @@
 #   small_fusion  (after a static graph's host-bound up projection fused where the GPU measured it
 #      faster, and the unfused product ran as one Triton pass) the fused kernel against cuBLAS +
 #      Inductor's pointwise kernel on Llama-3-8B's up projection at M 1 to 256
-#      (data/bench/swiglu_small_h200.json), the heuristics emitted here with it
-#      (scripts/emit_heuristics.sh) and this environment's fused kernels packaged for them
-#   small_steps  (with small_fusion's heuristics and kernels, left under /tmp on the same machine)
-#      every mode's MLP steps in one process at M 1 16 128, then dynamic_steps with reduced too
+#      (data/bench/swiglu_small_h200.json; the heuristics are emitted from it on a CPU host:
+#      the GPU host lacks pyarrow)
 #   small_tests  the GPU tests of the fused kernel (the unfused product's kernel among them) and
 #      of the Inductor integration
+#   small_steps  (with the heuristics emitted from small_fusion's times) this environment's fused
+#      kernels packaged for them, every mode's MLP steps in one process at M 1 16 128, the GPU
+#      tests of predicted mode and CUDA graphs, then dynamic_steps with reduced mode too
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -537,22 +538,18 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
   dynamic_steps)
     dynamic_steps ;;
   small_fusion)
-    timeout "$(left 200)" python scripts/swiglu_bench.py --ms 1 16 64 128 256 \
-      --out data/bench/swiglu_small_h200.json 2>&1 | grep -v -i "warn\|block_copy\|from cutlass" \
-      | tee "$E2E/swiglu_small.log"
-    timeout "$(left 40)" bash scripts/emit_heuristics.sh 2>&1 | tail -n 8 | tee "$E2E/emit.log"
-    timeout "$(left 5)" python -m cutetune prebuild --package cutetune/data/fused_kernels.zip \
-      2>&1 | tail -n 5 | tee "$E2E/prebuild.log"
-    cp data/bench/swiglu_small_h200.json cutetune/data/heuristics_sm90_bf16.json \
-      cutetune/data/fused_kernels.zip "$E2E/" ;;
-  small_steps)
-    cp "$E2E"/heuristics_sm90_bf16.json "$E2E"/fused_kernels.zip cutetune/data/  # small_fusion's
-    mlp_steps small 15 340 "default max-autotune predicted reduced" 1 16 128
-    dynamic_steps --modes default max-autotune predicted reduced ;;
+    timeout "$(left 10)" python scripts/swiglu_bench.py --ms 1 16 64 128 256 \
+      --out "$E2E/swiglu_small_h200.json" 2>&1 | grep -v -i "warn\|block_copy\|from cutlass" \
+      | tee "$E2E/swiglu_small.log" ;;
   small_tests)
-    cp "$E2E"/heuristics_sm90_bf16.json "$E2E"/fused_kernels.zip cutetune/data/
-    cp "$E2E"/swiglu_small_h200.json data/bench/
     gpu_tests "$(left 10)" tests/test_swiglu.py tests/test_inductor.py ;;
+  small_steps)
+    timeout 120 python -m cutetune prebuild --package cutetune/data/fused_kernels.zip 2>&1 \
+      | tail -n 3 | tee "$E2E/prebuild.log"
+    cp cutetune/data/fused_kernels.zip "$E2E/"
+    mlp_steps small 15 290 "default max-autotune predicted reduced" 1 16 128
+    gpu_tests 150 tests/test_swiglu.py -k "predicted_mode or cuda_graphs"
+    dynamic_steps --modes default max-autotune predicted reduced ;;
   all_gpu)
     gpu_tests "$(left 10)" tests/ ;;
   library3)
