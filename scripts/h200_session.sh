@@ -158,6 +158,10 @@
 #   small_steps  (with the heuristics emitted from small_fusion's times) this environment's fused
 #      kernels packaged for them, every mode's MLP steps in one process at M 1 16 128, the GPU
 #      tests of predicted mode and CUDA graphs, then dynamic_steps with reduced mode too
+#   small_compile  (after cutetune's graph passes pickled as their uuid) torch 2.11's FX-graph
+#      cache with the early-prefetch pass in the pre-grad slot, with the passes as they were and
+#      as they are (scripts/fx_cache_probe.py), the CPU tests of it, then compile times of
+#      default and predicted at M 1 16 128, where predicted now fuses, cold and warm
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -552,6 +556,12 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
     dynamic_steps --modes default max-autotune predicted reduced ;;
   all_gpu)
     gpu_tests "$(left 10)" tests/ ;;
+  small_compile)
+    { python scripts/fx_cache_probe.py --cache-dir /tmp/fx_probe --out "$E2E/fx_cache_probe.json"
+      timeout 120 python -m pytest tests/test_inductor.py -k "chained_pass or early_prefetch_pass" \
+        -q -p no:cacheprovider 2>&1 | tail -n 2
+    } 2>&1 | tee "$E2E/fx_cache_probe.log"
+    bench part_small --ms 1 16 128 --modes default predicted --warm-for predicted --skip-overhead ;;
   library3)
     timeout 120 python -m pytest -m gpu tests/test_inductor.py -k forked -q --tb=short \
       -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" \

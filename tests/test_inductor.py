@@ -1063,6 +1063,57 @@ def test_a_chained_pass_runs_a_plain_function_first_and_then_has_no_uuid():
     assert ran == ["user", 1, "no uuid", 1]
 
 
+def test_a_chained_pass_pickles_as_its_uuid_and_copies_as_itself():
+    """Pickled (as torch 2.11's FX-graph cache key pickles the pre-grad slot), a pass holding
+    closures is its uuid, or does not pickle without one; deep-copied (as Inductor's config
+    snapshots are), it stays the pass."""
+    import copy
+    import pickle
+
+    from cutetune.tuner.early_prefetch import EarlyPrefetchPass
+
+    def chain(user):
+        return EarlyPrefetchPass(lambda problems: None, "k", lambda device: "sm90", user)
+
+    p = chain(None)
+    assert pickle.loads(pickle.dumps(p)) == p.uuid() == "cutetune-early-prefetch:k:None"
+    assert copy.deepcopy(p) is p and copy.copy(p) is p
+    with pytest.raises(pickle.PicklingError, match="no uuid"):
+        pickle.dumps(chain(lambda graph: None))
+
+
+EARLY_PASS_FRESH_PROCESS = textwrap.dedent("""
+    import json, torch
+    from torch._dynamo.utils import counters
+    from torch._inductor import config as inductor_config
+    from cutetune.tuner.early_prefetch import EarlyPrefetchPass
+    sent = []
+    inductor_config.pre_grad_custom_pass = EarlyPrefetchPass(sent.append, "k",
+                                                             lambda device: "sm90")
+    w = torch.randn(256, 512, dtype=torch.bfloat16)
+    x = torch.randn(64, 256, dtype=torch.bfloat16)
+    out = torch.compile(lambda x: torch.relu(x @ w))(x)
+    err = ((out.float() - torch.relu(x @ w).float()).norm()
+           / torch.relu(x @ w).float().norm()).item()
+    print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"]
+                      + counters["aot_autograd"]["autograd_cache_hit"],
+                      "miss": counters["inductor"]["fxgraph_cache_miss"],
+                      "bypass": counters["inductor"]["fxgraph_cache_bypass"], "err": err}))
+""")
+
+
+def test_a_graph_compiled_with_the_early_prefetch_pass_reloads_from_the_fx_graph_cache(
+        tmp_path, run_script):
+    """With the early-prefetch pass in Inductor's pre-grad slot, a graph is cached and the
+    next fresh process reloads it (torch 2.11 bypassed the cache: see ChainedPass.__reduce__)."""
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+    runs = [run_script(EARLY_PASS_FRESH_PROCESS, env=env) for _ in range(2)]
+    assert runs[0]["bypass"] == runs[1]["bypass"] == 0
+    assert runs[0]["miss"] >= 1 and runs[1]["hit"] >= 1 and runs[1]["miss"] == 0
+    assert all(r["err"] < 2e-2 for r in runs)
+
+
 def test_prefetch_only_in_reduced_mode_and_its_failure_costs_nothing(fake_gpu):
     rec = RecordingPrefetcher()
     with ci.enable("predicted", model=FakeHeuristics(), prefetch=lambda arch: rec):

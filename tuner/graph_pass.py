@@ -3,6 +3,7 @@ config and runs the user's own pass of that slot first."""
 
 from __future__ import annotations
 
+import pickle
 from typing import Callable
 
 import torch
@@ -27,6 +28,26 @@ class ChainedPass(CustomGraphPass):
             return f"{self.NAME}:{self.key}:None"
         user = self.user_pass.uuid() if isinstance(self.user_pass, CustomGraphPass) else None
         return f"{self.NAME}:{self.key}:{user!r}" if user else None
+
+    def __reduce__(self):
+        """What pickling makes of the pass: its uuid. torch 2.11's FX-graph cache key pickles
+        the pre-grad slot with the rest of Inductor's config (later releases ask its uuid), and
+        a pass holding closures failed there, so every graph compiled with it bypassed the
+        cache (seen on the H200 host with the early-prefetch pass). With no uuid it does not
+        pickle, which bypasses the cache as the uuid's absence does elsewhere."""
+        uuid = self.uuid()
+        if uuid is None:
+            raise pickle.PicklingError(f"{type(self).__name__} has no uuid: its user pass "
+                                       "has none")
+        return str, (uuid,)
+
+    def __deepcopy__(self, memo) -> "ChainedPass":
+        """The pass itself: Inductor deep-copies its config (to restore it later, say), and
+        a copy must stay a pass, not the str that pickling makes of it."""
+        return self
+
+    def __copy__(self) -> "ChainedPass":
+        return self
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         if self.user_pass is not None:
