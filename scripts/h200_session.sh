@@ -162,6 +162,7 @@
 #      cache with the early-prefetch pass in the pre-grad slot, with the passes as they were and
 #      as they are (scripts/fx_cache_probe.py), the CPU tests of it, then compile times of
 #      default and predicted at M 1 16 128, where predicted now fuses, cold and warm
+#   small_compile2  small_compile's compile times again at M 16 128 (its budget ran out before 128)
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -562,6 +563,8 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
         -q -p no:cacheprovider 2>&1 | tail -n 2
     } 2>&1 | tee "$E2E/fx_cache_probe.log"
     bench part_small --ms 1 16 128 --modes default predicted --warm-for predicted --skip-overhead ;;
+  small_compile2)
+    bench part_small2 --ms 128 16 --modes default predicted --warm-for predicted --skip-overhead ;;
   library3)
     timeout 120 python -m pytest -m gpu tests/test_inductor.py -k forked -q --tb=short \
       -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" \
