@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import HIDDEN, _kernel_counts, _time_calls, _workloads  # noqa: E402
-from step_ab import _fresh_step, _installation, _run_and_capture_code  # noqa: E402
+from step_ab import _compiled, _installation, _run_and_capture_code  # noqa: E402
 
 
 def _profile(torch, fn, x, calls: int) -> dict:
@@ -60,7 +60,7 @@ def measure(m: int, workload: str, modes, calls: int, dynamic_from: int | None =
     with torch.no_grad():
         fns, kernels = {"eager": module}, {}
         for mode in modes:
-            fns[mode] = torch.compile(_fresh_step(module))
+            fns[mode] = _compiled(module, mode)  # max-autotune with its options
             x0 = x
             if dynamic_from is not None:
                 x0 = torch.randn(dynamic_from, HIDDEN, device="cuda", dtype=torch.bfloat16)

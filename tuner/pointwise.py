@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 _BLOCK = 2048
-_launched: set[tuple[torch.dtype, bool]] = set()  # (dtype, n % 16 == 0): Triton's specializations
+_launched: set[tuple] = set()  # the variants Triton compiled in this process (``_variant``)
 
 
 @lru_cache(maxsize=None)
@@ -47,13 +47,20 @@ def one_pass(up: torch.Tensor, gate: torch.Tensor) -> bool:
             and gate.shape == up.shape and up.is_contiguous() and gate.is_contiguous())
 
 
+def _variant(up: torch.Tensor, gate: torch.Tensor, n: int) -> tuple:
+    """What Triton compiles the kernel for: the dtype, and which arguments it specializes on
+    (pointers 16-byte aligned, an int divisible by 16 or equal to 1)."""
+    return (up.dtype, up.data_ptr() % 16 == 0, gate.data_ptr() % 16 == 0, n % 16 == 0, n == 1)
+
+
 def silu_mul_(up: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """``up = silu(gate) * up`` in place; eager ATen where the kernel does not take the
     operands (``one_pass``)."""
+    if not one_pass(up, gate):
+        return up.mul_(F.silu(gate))
     n = up.numel()
-    variant = (up.dtype, n % 16 == 0)
-    if not one_pass(up, gate) or (variant not in _launched
-                                  and torch.cuda.is_current_stream_capturing()):
+    variant = _variant(up, gate, n)
+    if variant not in _launched and torch.cuda.is_current_stream_capturing():
         return up.mul_(F.silu(gate))
     if n:
         with torch.cuda.device(up.device):
