@@ -13,8 +13,9 @@ The custom op ``cutetune::mm_silu_mul`` (``cutetune::mm_silu_mul_by_m`` for a dy
 what a rewritten graph holds; Inductor lowers it as an extern kernel (``install_lowerings``),
 so generated code (also reloaded from the FX-graph cache) calls ``mm_silu_mul_out`` by name.
 It launches the kernel from its TVM-FFI library (``aot.py``, ``build_library``) where one is
-built, without importing quack; runs ATen, unfused, while the compile helper builds it; and
-goes through quack otherwise.
+built, without importing quack; runs unfused ("ATen" below: cuBLAS's mm, then the product in
+one pass, ``pointwise.py``) while the compile helper builds it; and goes through quack
+otherwise.
 """
 
 from __future__ import annotations
