@@ -424,6 +424,18 @@ def test_the_unfused_product_runs_eager_where_its_kernel_does_not_take_the_opera
     torch.testing.assert_close(up2, want)
 
 
+def test_the_one_pass_kernels_variants_are_what_triton_specializes_on():
+    """A CUDA-graph capture runs the one-pass product only in a variant Triton compiled
+    before: dtype, 16-byte aligned pointers, and n divisible by 16 or equal to 1 each make
+    one."""
+    a, b = torch.empty(64, dtype=BF16), torch.empty(64, dtype=BF16)
+    v = pointwise._variant(a, b, 64)
+    assert v == pointwise._variant(a.clone(), b.clone(), 32)
+    assert v != pointwise._variant(a.half(), b.half(), 64)
+    assert v != pointwise._variant(a, b, 63) != pointwise._variant(a, b, 1)
+    assert v != pointwise._variant(a[1:], b, 63)  # a pointer 2 bytes past an aligned one
+
+
 def test_a_failing_library_leaves_the_call_on_quack_and_a_failing_quack_on_aten(monkeypatch):
     """The first launch tries the kernel's library, then quack's plan; what raises is logged
     and the next path runs, ATen last, and later calls keep to the path that ran."""
