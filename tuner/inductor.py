@@ -950,7 +950,7 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
     sent the kernels from Dynamo's graph (True), not at all (False), or a callable ``arch ->
     object with submit(kernels)``. Both modes keep the Triton template kernels they lead Inductor to
     compile in cutetune's kernel cache (``tuner/template_cache.py``), and with ``fuse_swiglu``
-    run ``silu(g) * mm(x, w)`` as one quack GEMM where it is not host-bound (``swiglu.py``).
+    run ``silu(g) * mm(x, w)`` as one quack GEMM where ``decide_swiglu`` says (``swiglu.py``).
     """
     if mode not in MODES:
         raise ValueError(f"unknown cutetune mode {mode!r}; expected one of {', '.join(MODES)}")
