@@ -163,6 +163,9 @@
 #      as they are (scripts/fx_cache_probe.py), the CPU tests of it, then compile times of
 #      default and predicted at M 1 16 128, where predicted now fuses, cold and warm
 #   small_compile2  small_compile's compile times again at M 16 128 (its budget ran out before 128)
+#   cond_compile  what a run-time switch between two compiled variants of the MLP costs a step
+#      (scripts/cond_probe.py), then compile times of default and predicted at M 16 and 1,
+#      cold and warm, twice (single fresh-process samples had differed by up to 3 s)
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -565,6 +568,11 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
     bench part_small --ms 1 16 128 --modes default predicted --warm-for predicted --skip-overhead ;;
   small_compile2)
     bench part_small2 --ms 128 16 --modes default predicted --warm-for predicted --skip-overhead ;;
+  cond_compile)
+    timeout 300 python scripts/cond_probe.py --ms 1 16 128 --pin-cpu 6 \
+      --out "$E2E/cond_probe.json" 2>&1 | grep "^M=" | tee "$E2E/cond_probe.log"
+    bench part_small3 --ms 16 1 --modes default predicted --warm-for predicted --skip-overhead
+    bench part_small4 --ms 16 1 --modes default predicted --warm-for predicted --skip-overhead ;;
   library3)
     timeout 120 python -m pytest -m gpu tests/test_inductor.py -k forked -q --tb=short \
       -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" \
