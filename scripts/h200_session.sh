@@ -166,6 +166,8 @@
 #   cond_compile  what a run-time switch between two compiled variants of the MLP costs a step
 #      (scripts/cond_probe.py), then compile times of default and predicted at M 16 and 1,
 #      cold and warm, twice (single fresh-process samples had differed by up to 3 s)
+#   small_steps2  every mode's MLP and attention steps in one process at M 1 16 128 (the
+#      static graphs' 1 % check on another machine)
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -573,6 +575,12 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
       --out "$E2E/cond_probe.json" 2>&1 | grep "^M=" | tee "$E2E/cond_probe.log"
     bench part_small3 --ms 16 1 --modes default predicted --warm-for predicted --skip-overhead
     bench part_small4 --ms 16 1 --modes default predicted --warm-for predicted --skip-overhead ;;
+  small_steps2)
+    for m in 1 16 128; do
+      timeout "$(left 10)" python scripts/step_ab.py --m "$m" --rounds 15 \
+        --out "$E2E/ab_small2_m$m.json" --save-code "$E2E/code_small2" --pin-cpu 6 2>&1 \
+        | tail -n 1 | cut -c 1-600 | tee -a "$E2E/ab.log"
+    done ;;
   library3)
     timeout 120 python -m pytest -m gpu tests/test_inductor.py -k forked -q --tb=short \
       -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" \
