@@ -168,6 +168,9 @@
 #      cold and warm, twice (single fresh-process samples had differed by up to 3 s)
 #   small_steps2  every mode's MLP and attention steps in one process at M 1 16 128 (the
 #      static graphs' 1 % check on another machine)
+#   unfused_steps  the MLP's steps at M 1 16 128 with predicted mode with and without the
+#      SwiGLU fusion (predicted-unfused: the up projection then takes its Triton template) beside
+#      default and max-autotune, in one process per M
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -581,6 +584,8 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
         --out "$E2E/ab_small2_m$m.json" --save-code "$E2E/code_small2" --pin-cpu 6 2>&1 \
         | tail -n 1 | cut -c 1-600 | tee -a "$E2E/ab.log"
     done ;;
+  unfused_steps)
+    mlp_steps unfused 15 10 "default max-autotune predicted predicted-unfused" 1 16 128 ;;
   library3)
     timeout 120 python -m pytest -m gpu tests/test_inductor.py -k forked -q --tb=short \
       -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" \

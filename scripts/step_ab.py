@@ -13,6 +13,7 @@ the same one), the median of rounds reported.
 
   python scripts/step_ab.py --m 16 --out ab_m16.json [--modes ...] [--workloads mlp attn]
       [--heldout-model HEURISTICS]   (adds mode predicted-heldout: predicted with that file)
+      (mode predicted-unfused: predicted without the SwiGLU fusion, fuse_swiglu=False)
       [--save-code DIR]   (each mode's Inductor output code, to tell same-kernel steps apart)
       [--pin-cpu N]   (the timing thread on CPU N alone: host-bound steps with the same code
                        differed by up to 16 % unpinned, data/bench/step_h200_bounded4.json)
@@ -40,6 +41,8 @@ from bench_e2e import (HIDDEN, LIMITS, _kernel_counts, _time_calls, _workloads, 
 from cutetune.tuner.measure import launch_host_us  # noqa: E402
 
 MODES = ("default", "max-autotune", "predicted", "reduced")
+# predicted mode's variants, each held to predicted's step limit in the report (not issue targets)
+VARIANTS = ("predicted-heldout", "predicted-unfused")
 
 
 def _fresh_step(module):
@@ -55,6 +58,8 @@ def _installation(mode: str, heldout_model: str | None):
 
     if mode == "predicted-heldout":
         return enable("predicted", model=heldout_model)
+    if mode == "predicted-unfused":
+        return enable("predicted", fuse_swiglu=False)
     return enable(mode) if mode in ("predicted", "reduced") else contextlib.nullcontext()
 
 
@@ -208,8 +213,9 @@ def counted_steps(workload: dict, drop=()) -> dict:
 def step_targets(parts: list[dict], drop=()) -> dict:
     """The issue's step-time targets (bench_e2e.LIMITS) per workload over one-process results
     (one per M) and their ``counted_steps``; a check needs the modes it compares in the same
-    result. predicted-heldout, where measured, is held to the predicted-mode limit too (not an
-    issue target: it shows what shapes the Triton table was not fitted on get). ValueError where
+    result. predicted's VARIANTS, where measured, are held to the predicted-mode limit too (not
+    issue targets: predicted-heldout shows what shapes the Triton table was not fitted on get,
+    predicted-unfused what the SwiGLU fusion changes). ValueError where
     two results share an M: one would hide the other."""
     ms = [p["m"] for p in parts]
     if len(set(ms)) != len(ms):
@@ -217,7 +223,8 @@ def step_targets(parts: list[dict], drop=()) -> dict:
                          "than once: report each run of an M on its own")
     out = {}
     for wl in sorted({w for p in parts for w in p["workloads"]}):
-        pred_best, red_pred, big, heldout = {}, {}, [], {}
+        pred_best, red_pred, big = {}, {}, []
+        variants = {v: {} for v in VARIANTS}
         for p in sorted(parts, key=lambda p: p["m"]):
             step = counted_steps(p["workloads"].get(wl, {}), drop)
             best = [step[k] for k in ("default", "max-autotune") if k in step]
@@ -225,16 +232,18 @@ def step_targets(parts: list[dict], drop=()) -> dict:
                 pred_best[p["m"]] = step["predicted"] / min(best)
                 if p["m"] >= 1024:
                     big.append(pred_best[p["m"]])
-            if "predicted-heldout" in step and best:
-                heldout[p["m"]] = step["predicted-heldout"] / min(best)
+            for v, by_m in variants.items():
+                if v in step and best:
+                    by_m[p["m"]] = step[v] / min(best)
             if "predicted" in step and "reduced" in step:
                 red_pred[p["m"]] = step["reduced"] / step["predicted"]
         out[wl] = {name: limit_check(by_m, LIMITS[name]) for name, by_m in (
             ("predicted_step_over_best_ratio", pred_best),
             ("reduced_step_over_predicted_ratio", red_pred))}
-        if heldout:
-            out[wl]["predicted_heldout_step_over_best_ratio"] = limit_check(
-                heldout, LIMITS["predicted_step_over_best_ratio"])
+        for v, by_m in variants.items():
+            if by_m:
+                out[wl][f"{v.replace('-', '_')}_step_over_best_ratio"] = limit_check(
+                    by_m, LIMITS["predicted_step_over_best_ratio"])
         out[wl]["predicted_step_geomean_m_ge_1024_over_best"] = geomean_check(
             big, LIMITS["predicted_step_geomean_m_ge_1024_over_best"])
     return out
@@ -243,7 +252,8 @@ def step_targets(parts: list[dict], drop=()) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--m", type=int)
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--modes", nargs="+", default=list(MODES),
+                    choices=(*MODES, "predicted-unfused"))
     ap.add_argument("--workloads", nargs="+", default=["mlp", "attn"], choices=("mlp", "attn"))
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--heldout-model", help="heuristics file for an extra mode, "

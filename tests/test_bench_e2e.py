@@ -111,6 +111,20 @@ def test_step_targets_from_one_process_results():
         ab.step_targets([*parts, part(16, default=100.0, predicted=130.0)])
 
 
+def test_step_targets_hold_predicted_variants_to_its_limit():
+    """predicted-unfused and predicted-heldout, where a result has them, get their own ratio
+    to the better of default and max-autotune; absent ones no entry."""
+    ab = _step_ab()
+    parts = [{"m": 1, "workloads": {"mlp": {"step_us": {
+        "default": 100.0, "max-autotune": 98.0, "predicted": 101.0,
+        "predicted-unfused": 97.0}}}}]
+    t = ab.step_targets(parts)["mlp"]
+    assert t["predicted_unfused_step_over_best_ratio"]["by_m"] == {1: 97.0 / 98.0}
+    assert t["predicted_unfused_step_over_best_ratio"]["met"] is True
+    assert t["predicted_step_over_best_ratio"]["met"] is False
+    assert "predicted_heldout_step_over_best_ratio" not in t
+
+
 def test_step_timing_pins_to_one_cpu_and_restores():
     """--pin-cpu: the timing thread runs on the given CPU alone and gets its CPUs back after;
     a CPU the process may not use is named in the error."""
