@@ -738,14 +738,14 @@ def run_cpu(args) -> dict:
     # that take them (ATen: none do)
     graph_shapes = {"mlp": ((INTER, HIDDEN), (INTER, HIDDEN), (HIDDEN, INTER)),
                     "attn": ((HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN))}
-    graphs, weigh_us, regret = {}, [], {}
+    graphs, weigh_us, regret, templated = {}, [], {}, {}
     costs = h.triton.costs if h.triton is not None else None
     for m in MS:
         for name, shapes in graph_shapes.items():
             gemms = triton_candidates([GemmProblem(m, n, k, b_major="k") for n, k in shapes], h,
                                       QUACK_LAUNCH_HOST_US)
             t0 = time.perf_counter()
-            takers = h.triton_problems(gemms)
+            takers = templated[name, m] = h.triton_problems(gemms)
             weigh_us.append((time.perf_counter() - t0) * 1e6)
             graphs[f"{name}_m{m}"] = (sorted({f"{p.n}x{p.k}" for p in takers}) or "ATen"
                                       if gemms else "-")
@@ -773,9 +773,11 @@ def run_cpu(args) -> dict:
         # speeds they span: above 1.01, no one choice keeps every host within 1 %
         "graph_triton_least_regret": regret,
         # the MLP's up projection fused with silu(gate) * (its product) into one quack GEMM
-        # (tuner/swiglu.py), and the config, or None: left to the choices above
-        "swiglu_fusion": {f"mlp_m{m}": (lambda c: c and c.short())(decide_swiglu(
-            GemmProblem(m, INTER, HIDDEN, b_major="k"), h, QUACK_LAUNCH_HOST_US)) for m in MS},
+        # (tuner/swiglu.py), and the config, or None: left to the choices above (a problem
+        # graph_triton templates stays unfused, fusion_pass.SwigluFusionPass)
+        "swiglu_fusion": {f"mlp_m{m}": None if up in templated["mlp", m] else (
+            lambda c: c and c.short())(decide_swiglu(up, h, QUACK_LAUNCH_HOST_US))
+            for m in MS for up in [GemmProblem(m, INTER, HIDDEN, b_major="k")]},
         # with M dynamic: (largest M of a range, predicted mode's config or None for ATen) per
         # N x K of the benchmark's plain GEMMs, and (.., fused config or None: unfused) for
         # the MLP's up projection

@@ -171,6 +171,8 @@
 #   unfused_steps  the MLP's steps at M 1 16 128 with predicted mode with and without the
 #      SwiGLU fusion (predicted-unfused: the up projection then takes its Triton template) beside
 #      default and max-autotune, in one process per M
+#   templated_steps  (after the fusion pass left a templated up projection to its Triton
+#      template) the MLP's steps at M 1 16 128, then the GPU tests of predicted mode's fusion
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -586,6 +588,9 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
     done ;;
   unfused_steps)
     mlp_steps unfused 15 10 "default max-autotune predicted predicted-unfused" 1 16 128 ;;
+  templated_steps)
+    mlp_steps templated 15 100 "default max-autotune predicted" 1 16 128
+    gpu_tests "$(left 10)" tests/test_swiglu.py -k "predicted_mode" ;;
   library3)
     timeout 120 python -m pytest -m gpu tests/test_inductor.py -k forked -q --tb=short \
       -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" \

@@ -226,6 +226,55 @@ def test_pass_leaves_graphs_it_should_not_fuse():
         assert "mm_silu_mul" not in code and not fusion.fused
 
 
+class Shapes:
+    """The problems of these (M, N, K), whatever their layout: a ``templated`` answer."""
+
+    def __init__(self, *mnk):
+        self.mnk = set(mnk)
+
+    def __contains__(self, p):
+        return (p.m, p.n, p.k) in self.mnk
+
+
+def test_pass_leaves_a_templated_up_projection_to_its_triton_template():
+    """A static up projection whose problem the graph's Triton weighing takes stays unfused
+    (a template takes the product as its epilogue); another is fused. The weighing is asked
+    once per graph, with quack's arch and the graph as it came (all three mm)."""
+    for templated, fused in ((Shapes((16, 64, 32)), False), (Shapes((16, 32, 64)), True)):
+        asked = []
+
+        def ask(graph, arch, answer=templated):
+            asked.append((arch, len(graph.find_nodes(op="call_function",
+                                                     target=torch.ops.aten.mm.default))))
+            return answer
+
+        fusion = SwigluFusionPass(lambda p: PLAIN, "k", lambda device: "sm90", templated=ask)
+        mlp, x = _mlp(BF16), torch.randn(16, 32, dtype=BF16)
+        out, code = _compile(mlp, x, fusion)
+        assert ("mm_silu_mul" in code) is fused and bool(fusion.fused) is fused
+        assert asked == [("sm90", 3)]
+        ref = mlp(x)
+        assert ((out.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+
+
+def test_the_packaged_weighing_templates_the_llama_mlps_up_projection_where_host_bound():
+    """With the shipped heuristics the Llama-3-8B MLP's static graph gives its up (and gate)
+    problem a Triton template at M 1, 16 and 128, so the fusion pass leaves it unfused there
+    (``triton_takers``, as the lowering weighs the graph), and none from M=256."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def mlp(x, wg, wu, wd):
+        return torch.mm(F.silu(torch.mm(x, wg.t())) * torch.mm(x, wu.t()), wd.t())
+
+    heuristics = PackagedHeuristics()
+    for m, templated in ((1, True), (16, True), (128, True), (256, False), (2048, False)):
+        args = [torch.empty(s, dtype=BF16, device="meta")
+                for s in ((m, 4096), (14336, 4096), (14336, 4096), (4096, 14336))]
+        gemms, takers = ci.triton_takers(make_fx(mlp)(*args).graph, "sm90", heuristics)
+        assert (P(m) in takers) is templated
+        assert len(gemms) == (3 if templated else 0)
+
+
 def test_pass_leaves_an_up_projection_used_elsewhere():
     """The mm's product feeds another consumer too: fusing would compute it twice."""
     w = torch.randn(64, 32, dtype=BF16)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 import torch.nn.functional as F
@@ -92,7 +92,14 @@ class SwigluFusionPass(ChainedPass):
     with (``decide_by_m``, if given, at each rung of a dynamic M); ``key`` identifies what
     decides (it goes into ``uuid()``); ``arch(device)`` is quack's arch for a device, None
     where quack cannot run; ``prepare(problem, config)``, if given, is told of each fusion at
-    once, to get the kernel ready while Inductor compiles."""
+    once, to get the kernel ready while Inductor compiles; ``templated(graph, arch)``, if
+    given, names the problems of the graph that Inductor will run in Triton templates, whose
+    up projections of a static M stay unfused: a template takes the product as its epilogue
+    for less host time than the fused kernel's extern call, which a graph templated for its
+    host time cannot spare (in one process on the H200 the Llama-3-8B MLP's step at M 1, 16
+    and 128 issued in 13-25 us less host time that way, and ran 0.83x the fused step's at
+    M=16, host-bound, against 1.05x at M=1, where the GPU bound it:
+    data/bench/step_h200_unfused.json)."""
 
     NAME = "cutetune-swiglu"
 
@@ -100,11 +107,13 @@ class SwigluFusionPass(ChainedPass):
                  arch: Callable[[torch.device], str | None],
                  user_pass: Callable[[torch.fx.Graph], None] | None = None,
                  prepare: Callable[[GemmProblem, KernelConfig], None] | None = None,
-                 decide_by_m: Callable[[GemmProblem], KernelConfig | None] | None = None
-                 ) -> None:
+                 decide_by_m: Callable[[GemmProblem], KernelConfig | None] | None = None,
+                 templated: Callable[[torch.fx.Graph, str], Collection[GemmProblem]]
+                 | None = None) -> None:
         super().__init__(key, user_pass)
         swiglu.install_lowerings()
         self.decide, self.arch, self.prepare = decide, arch, prepare
+        self.templated = templated
         self.decide_by_m = decide_by_m or decide  # at each rung of a dynamic M
         self.fused: list[tuple[GemmProblem, KernelConfig]] = []  # what this process fused
 
@@ -112,6 +121,7 @@ class SwigluFusionPass(ChainedPass):
         from torch._inductor.pattern_matcher import PatternMatcherPass, register_graph_pattern
 
         matcher = PatternMatcherPass(pass_name="cutetune_swiglu")
+        templated: dict[str, Collection[GemmProblem]] = {}  # per arch, of the graph as it came
 
         def rewrite(match, g, x, w):
             if _dynamic_m(x):
@@ -121,6 +131,13 @@ class SwigluFusionPass(ChainedPass):
             except ProblemError as e:
                 log.info("cutetune: SwiGLU left unfused (%s)", e)
                 return
+            if self.templated is not None:
+                if problem.arch not in templated:
+                    templated[problem.arch] = self.templated(graph, problem.arch)
+                if problem in templated[problem.arch]:
+                    log.info("cutetune: SwiGLU on %s left to its Triton template",
+                             problem.key())
+                    return
             config = self.decide(problem)
             if config is None:
                 return

@@ -175,6 +175,21 @@ def triton_candidates(problems, heuristics, host_bound_us: float
     return out
 
 
+def triton_takers(graph: torch.fx.Graph, arch: str | None, heuristics) -> tuple[
+        list[tuple[GemmProblem, dict[str, int]]], frozenset[GemmProblem] | None]:
+    """A graph's ``triton_candidates`` and which of their problems take the Triton config,
+    weighed together (the heuristics' ``triton_problems``; none where it raises, None where
+    the heuristics cannot weigh)."""
+    gemms = triton_candidates(graph_gemms(graph, arch), heuristics, host_bound_us())
+    weigh = getattr(heuristics, "triton_problems", None)
+    if weigh is None:
+        return gemms, None
+    try:
+        return gemms, frozenset(weigh(gemms))
+    except HeuristicsError:
+        return gemms, frozenset()
+
+
 def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: int,
            host_bound_us: float = 0.0) -> NodeDecision:
     """predicted: the top-1 config alone, or ATen alone when the model prefers cuBLAS;
@@ -518,13 +533,7 @@ class CuteTuneChoices(InductorChoices):
         benchmarks Inductor's Triton list beside ATen."""
         graph = V.graph
         if graph not in self._graph_triton:
-            weigh = getattr(self.heuristics, "triton_problems", None)
-            gemms = triton_candidates(graph_gemms(graph.module.graph, arch), self.heuristics,
-                                      host_bound_us())
-            try:
-                takers = None if weigh is None else frozenset(weigh(gemms))
-            except HeuristicsError:
-                takers = frozenset()
+            gemms, takers = triton_takers(graph.module.graph, arch, self.heuristics)
             self._graph_triton[graph] = takers
             log.info("cutetune %s: %d mm of this graph have Triton configs; %s", self.mode,
                      len(gemms), "not weighed" if takers is None else
@@ -620,7 +629,9 @@ def decide_swiglu(problem: GemmProblem, heuristics, host_bound_us: float,
                   dynamic_m: bool = False) -> KernelConfig | None:
     """The config to fuse SwiGLU's pointwise product into ``problem`` (its up projection)
     with, or None: ``swiglu.fusion_config``, except where the GEMM is host-bound. There, in a
-    static graph, only where the GPU measured the fusion (the heuristics' SwiGLU table): the
+    static graph, only where the GPU measured the fusion (the heuristics' SwiGLU table), and
+    the fusion pass leaves it unfused where the graph's weighing gives its problem a Triton
+    template (``triton_takers``; ``SwigluFusionPass`` says why): the
     unfused step is two GEMMs and Inductor's pointwise kernel, and whether one fused launch
     beats them depends on the kernel more than on the traffic it saves. For a rung of a graph
     whose M is dynamic (``dynamic_m``) the unfused alternative is the by-M op's own path, a
@@ -643,7 +654,8 @@ def swiglu_fusion_pass(factory: ChoicesFactory, user_pass) -> SwigluFusionPass:
     key = f"{factory.mode}:{factory.source}:{factory.code}"
     return SwigluFusionPass(lambda p: decide_swiglu(p, heuristics, host_bound_us()), key,
                             lambda device: device_arch(device), user_pass, prepare_fused_kernel,
-                            lambda p: decide_swiglu(p, heuristics, host_bound_us(), True))
+                            lambda p: decide_swiglu(p, heuristics, host_bound_us(), True),
+                            lambda graph, arch: triton_takers(graph, arch, heuristics)[1] or ())
 
 
 def prepare_fused_kernel(problem: GemmProblem, config: KernelConfig) -> None:
