@@ -173,6 +173,8 @@
 #      default and max-autotune, in one process per M
 #   templated_steps  (after the fusion pass left a templated up projection to its Triton
 #      template) the MLP's steps at M 1 16 128, then the GPU tests of predicted mode's fusion
+#   templated_compile  compile times of default and predicted at M 16 and 1, cold and warm,
+#      with the up projection left to its template
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -591,6 +593,8 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
   templated_steps)
     mlp_steps templated 15 100 "default max-autotune predicted" 1 16 128
     gpu_tests "$(left 10)" tests/test_swiglu.py -k "predicted_mode" ;;
+  templated_compile)
+    bench part_small5 --ms 16 1 --modes default predicted --warm-for predicted --skip-overhead ;;
   library3)
     timeout 120 python -m pytest -m gpu tests/test_inductor.py -k forked -q --tb=short \
       -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" \
