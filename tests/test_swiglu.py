@@ -267,12 +267,18 @@ def test_the_packaged_weighing_templates_the_llama_mlps_up_projection_where_host
         return torch.mm(F.silu(torch.mm(x, wg.t())) * torch.mm(x, wu.t()), wd.t())
 
     heuristics = PackagedHeuristics()
-    for m, templated in ((1, True), (16, True), (128, True), (256, False), (2048, False)):
-        args = [torch.empty(s, dtype=BF16, device="meta")
-                for s in ((m, 4096), (14336, 4096), (14336, 4096), (4096, 14336))]
-        gemms, takers = ci.triton_takers(make_fx(mlp)(*args).graph, "sm90", heuristics)
-        assert (P(m) in takers) is templated
-        assert len(gemms) == (3 if templated else 0)
+    installation = ci.enable("predicted")  # the installed pass asks the same weighing
+    try:
+        installed = inductor_config.post_grad_custom_post_pass.templated
+        for m, templated in ((1, True), (16, True), (128, True), (256, False), (2048, False)):
+            args = [torch.empty(s, dtype=BF16, device="meta")
+                    for s in ((m, 4096), (14336, 4096), (14336, 4096), (4096, 14336))]
+            graph = make_fx(mlp)(*args).graph
+            gemms, takers = ci.triton_takers(graph, "sm90", heuristics)
+            assert (P(m) in takers) is templated is (P(m) in installed(graph, "sm90"))
+            assert len(gemms) == (3 if templated else 0)
+    finally:
+        installation.disable()
 
 
 def test_pass_leaves_an_up_projection_used_elsewhere():
