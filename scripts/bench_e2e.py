@@ -19,6 +19,12 @@ Also the host overhead of one tiny GEMM launch: torch.mm vs cutetune's launcher.
   python scripts/bench_e2e.py --out data/bench/e2e_h200.json [--quick] [--heuristics H.json]
   python scripts/bench_e2e.py --cpu-only   # heuristics load/lookup timing, no GPU
   python scripts/bench_e2e.py --merge a.json b.json --out e2e.json   # parts run apart
+  python scripts/bench_e2e.py --ms 1 16 --modes default predicted --rounds 3   # medians
+
+With --rounds N every (M, mode, kernel cache) runs N times, the rounds one after another so
+that a drift of the host hits every mode alike; a check compares the runs of one round and
+takes the median over rounds (one fresh process's compile time differed from the next by up to
+4 s at M <= 16 on one host: data/bench/e2e_h200_1gpu_small5.json, default at M 16 and 1).
 
 The GPU run keeps to --budget-s (default 460 s): a measurement whose expected duration would
 cross it is skipped and recorded as such.
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import logging
 import os
@@ -255,6 +262,7 @@ def worker(spec: dict) -> dict:
             # workers), Inductor's import in the process's first compile (after enable(), as
             # in a script that enables cutetune before it compiles) and, in the first that
             # launches a quack kernel, quack's.
+            phases_before = _compile_phases()
             t0 = time.perf_counter()
             ctx = contextlib.nullcontext()
             if mode in ("predicted", "reduced"):
@@ -267,6 +275,7 @@ def worker(spec: dict) -> dict:
                 out, code = run_and_get_code(compiled, x)
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
+            phases = _phases_delta(phases_before, _compile_phases())
             prefetched = _prefetch_stats(wait=False)
             t0 = time.perf_counter()
             helper = _prefetch_stats(wait=True)  # steady state: no background compile running
@@ -274,7 +283,8 @@ def worker(spec: dict) -> dict:
             step = _time_calls(torch, compiled, x, spec["repeats"])
             steady = compiled(x)
             eager = _time_calls(torch, module, x, spec["repeats"])
-        results[name] = {"compile_s": compile_s, "step_ms": step["median"],
+        results[name] = {"compile_s": compile_s, "compile_phases_s": phases,
+                         "step_ms": step["median"],
                          "step_ms_p20": step["p20"], "step_ms_p80": step["p80"],
                          "eager_ms": eager["median"],
                          "step_host_ms": step["host"], "eager_host_ms": eager["host"],
@@ -289,11 +299,28 @@ def worker(spec: dict) -> dict:
                          "helper_after_wait": helper,
                          "template_kernels_cached": _templates_cached()}
         if spec.get("save_code"):
-            fname = f"m{spec['m']}_{mode}_{spec.get('kernel_cache') or 'none'}_{name}.py"
+            rnd = f"_r{spec['round']}" if spec.get("round") else ""
+            fname = f"m{spec['m']}_{mode}_{spec.get('kernel_cache') or 'none'}{rnd}_{name}.py"
             Path(spec["save_code"], fname).write_text("\n\n# ----\n".join(code))
         del module, compiled
         torch.cuda.empty_cache()
     return {"workloads": results, "process_s": time.perf_counter() - t_start}
+
+
+def _compile_phases() -> dict[str, float]:
+    """Seconds spent so far in each phase Dynamo and Inductor time (``dynamo_timed``: tracing,
+    AOTAutograd, lowering, codegen, waiting on the compile workers, loading the module): where
+    a compile's time went, in every mode alike, cutetune's or not."""
+    from torch._dynamo.utils import compile_times
+
+    names, values = compile_times(repr="csv", aggregate=True)
+    return {n: float(v) for n, v in zip(names, values)}
+
+
+def _phases_delta(before: dict, after: dict, floor_s: float = 1e-3) -> dict[str, float]:
+    """The phases of one compile (``after - before``), those over ``floor_s``."""
+    delta = {n: v - before.get(n, 0.0) for n, v in after.items()}
+    return {n: round(v, 4) for n, v in delta.items() if v > floor_s}
 
 
 def _fused_via() -> list | None:
@@ -427,7 +454,7 @@ def run_gpu(args) -> dict:
                     "repeats": repeats, "budget_s": args.budget_s,
                     "heuristics": args.heuristics or "packaged", "heuristics_digest": digest,
                     "top_k": args.top_k, "prebuilt_kernels": not args.no_prebuilt_kernels,
-                    "enable_from": args.enable_from,
+                    "enable_from": args.enable_from, "rounds": args.rounds,
                     "started": time.time()},
            "runs": []}
     seen_s: dict[str, float] = {}
@@ -441,36 +468,36 @@ def run_gpu(args) -> dict:
         res["launch_overhead"] = ov
         print(f"launch overhead: {json.dumps(ov)}", flush=True)
     try:
-        for m in ms:
-            for mode in args.modes:
-                caches = ((("cold", "warm") if mode in args.warm_for else ("cold",))
-                          if mode in ("predicted", "reduced") else (None,))
-                kernel_dir = tmp / f"kernels_{mode}_{m}"
-                for cache in caches:
-                    kind = mode + (f"-{cache}" if cache else "")
-                    run = {"mode": mode, "m": m, "kernel_cache": cache}
-                    guess = seen_s.get(kind, GUESS_S[mode] / (2 if cache == "warm" else 1))
-                    cold = res["runs"][-1] if cache == "warm" else None
-                    if cold is not None and cold["status"] != "ok":
-                        run.update(status="skipped", reason="its cold run did not run, so "
-                                   "the kernel cache is not warm")
-                    elif guess > left():
-                        run.update(status="skipped", reason=f"budget: ~{guess:.0f} s needed, "
-                                   f"{max(left(), 0):.0f} s left")
-                    else:
-                        spec = {"kind": "compile", "mode": mode, "m": m, "repeats": repeats,
-                                "heuristics": heuristics, "top_k": args.top_k,
-                                "enable_from": args.enable_from,
-                                "kernel_cache": cache, "save_code": args.save_code}
-                        inductor_dir = Path(tempfile.mkdtemp(dir=tmp, prefix="inductor_"))
-                        run.update(_run_worker(spec, _env(inductor_dir,
-                                                          kernel_dir if cache else None,
-                                                          not args.no_prebuilt_kernels),
-                                               timeout=left()))
-                        seen_s[kind] = max(seen_s.get(kind, 0.0), run["wall_s"])
-                        shutil.rmtree(inductor_dir, ignore_errors=True)
-                    res["runs"].append(run)
-                    print(_run_line(run), flush=True)
+        for rnd, m, mode in itertools.product(range(args.rounds), ms, args.modes):
+            caches = ((("cold", "warm") if mode in args.warm_for else ("cold",))
+                      if mode in ("predicted", "reduced") else (None,))
+            kernel_dir = tmp / f"kernels_{mode}_{m}_r{rnd}"
+            for cache in caches:
+                kind = mode + (f"-{cache}" if cache else "")
+                run = {"mode": mode, "m": m, "kernel_cache": cache, "round": rnd}
+                guess = seen_s.get(kind, GUESS_S[mode] / (2 if cache == "warm" else 1))
+                cold = res["runs"][-1] if cache == "warm" else None
+                if cold is not None and cold["status"] != "ok":
+                    run.update(status="skipped", reason="its cold run did not run, so "
+                               "the kernel cache is not warm")
+                elif guess > left():
+                    run.update(status="skipped", reason=f"budget: ~{guess:.0f} s needed, "
+                               f"{max(left(), 0):.0f} s left")
+                else:
+                    spec = {"kind": "compile", "mode": mode, "m": m, "repeats": repeats,
+                            "heuristics": heuristics, "top_k": args.top_k,
+                            "enable_from": args.enable_from,
+                            "kernel_cache": cache, "round": rnd,
+                            "save_code": args.save_code}
+                    inductor_dir = Path(tempfile.mkdtemp(dir=tmp, prefix="inductor_"))
+                    run.update(_run_worker(spec, _env(inductor_dir,
+                                                      kernel_dir if cache else None,
+                                                      not args.no_prebuilt_kernels),
+                                           timeout=left()))
+                    seen_s[kind] = max(seen_s.get(kind, 0.0), run["wall_s"])
+                    shutil.rmtree(inductor_dir, ignore_errors=True)
+                res["runs"].append(run)
+                print(_run_line(run), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     res["meta"]["total_s"] = time.perf_counter() - started
@@ -479,7 +506,7 @@ def run_gpu(args) -> dict:
 
 def merge(parts: list[dict]) -> dict:
     """One result from several runs of this script with the same heuristics: runs by M
-    ascending, where a run (mode, M, kernel cache) measured in a later part replaces the same
+    ascending, where a run (mode, M, kernel cache, round) measured in a later part replaces the same
     run of an earlier part (a re-run of what was skipped); meta of each part kept, launch
     overhead from the first part that measured it."""
     digests = {p["meta"]["heuristics_digest"] for p in parts}
@@ -488,7 +515,8 @@ def merge(parts: list[dict]) -> dict:
     meta = {**parts[0]["meta"], "ms": sorted({m for p in parts for m in p["meta"]["ms"]}),
             "total_s": sum(p["meta"]["total_s"] for p in parts),
             "parts": [p["meta"] for p in parts]}
-    latest = {(r["mode"], r["m"], r["kernel_cache"]): r for p in parts for r in p["runs"]}
+    latest = {(r["mode"], r["m"], r["kernel_cache"], r.get("round", 0)): r
+              for p in parts for r in p["runs"]}
     runs = sorted(latest.values(), key=lambda r: r["m"])
     overhead = next((p["launch_overhead"] for p in parts if "launch_overhead" in p), None)
     return {"meta": meta, "runs": runs, "launch_overhead": overhead}
@@ -504,15 +532,25 @@ def _run_line(run: dict) -> str:
 
 
 def _values(res: dict, wl: str, key: str):
-    """``value(mode, m, kernel_cache)``: workload ``wl``'s ``key`` in that run, or None when
-    the run is missing or did not run."""
-    ok = {(r["mode"], r["m"], r["kernel_cache"]): r for r in res["runs"] if r["status"] == "ok"}
+    """``value(mode, m, kernel_cache, rnd=None)``: workload ``wl``'s ``key`` in that run of
+    round ``rnd`` (None: the median over the rounds that ran it), or None when none ran."""
+    ok: dict[tuple, dict[int, float]] = {}
+    for r in res["runs"]:
+        if r["status"] == "ok":
+            ok.setdefault((r["mode"], r["m"], r["kernel_cache"]), {})[r.get("round", 0)] = \
+                r["workloads"][wl][key]
 
-    def value(mode, m, cache=None):
-        r = ok.get((mode, m, cache))
-        return r["workloads"][wl][key] if r else None
+    def value(mode, m, cache=None, rnd=None):
+        by_round = ok.get((mode, m, cache), {})
+        if rnd is not None:
+            return by_round.get(rnd)
+        return statistics.median(by_round.values()) if by_round else None
 
     return value
+
+
+def _rounds(res: dict) -> list[int]:
+    return sorted({r.get("round", 0) for r in res["runs"]})
 
 
 # Issue #6's limits, one per check (``targets`` here, ``step_targets`` in step_ab.py).
@@ -529,6 +567,15 @@ def limit_check(by_m: dict, limit: float) -> dict:
     """A check of a value per M against ``limit`` (met: every value at most the limit)."""
     return {"limit": limit, "by_m": by_m, "checked": len(by_m),
             "met": all(v <= limit for v in by_m.values()) if by_m else None}
+
+
+def rounds_check(by_m_rounds: dict, limit: float) -> dict:
+    """``limit_check`` of each M's median over rounds (``by_m_rounds``: M -> the value of each
+    round that measured both sides), with the rounds' values where there were several."""
+    out = limit_check({m: statistics.median(v) for m, v in by_m_rounds.items()}, limit)
+    if any(len(v) > 1 for v in by_m_rounds.values()):
+        out["by_m_rounds"] = by_m_rounds
+    return out
 
 
 def geomean_check(values: list, limit: float) -> dict:
@@ -552,29 +599,33 @@ def targets(res: dict) -> dict:
     out = {}
     for wl in ("mlp", "attn"):
         compile_s, step_ms = _values(res, wl, "compile_s"), _values(res, wl, "step_ms")
-        checks: dict[str, list] = {k: [] for k in (
+        checks: dict[str, dict] = {k: {} for k in (
             "predicted_compile_cold_over_default_s", "predicted_compile_warm_over_default_s",
             "predicted_step_over_best_ratio", "reduced_compile_cold_over_max_autotune_s",
             "reduced_compile_warm_over_max_autotune_s", "reduced_step_over_predicted_ratio")}
-        big = []
-        for m in res["meta"]["ms"]:
-            d_c, ma_c = compile_s("default", m), compile_s("max-autotune", m)
-            steps = [v for v in (step_ms("default", m), step_ms("max-autotune", m)) if v]
-            p_step = step_ms("predicted", m, "cold")
+
+        def add(check: str, m: int, v: float) -> None:
+            checks[check].setdefault(m, []).append(v)
+
+        for m, rnd in itertools.product(res["meta"]["ms"], _rounds(res)):
+            d_c, ma_c = compile_s("default", m, rnd=rnd), compile_s("max-autotune", m, rnd=rnd)
+            steps = [v for v in (step_ms("default", m, rnd=rnd),
+                                 step_ms("max-autotune", m, rnd=rnd)) if v]
+            p_step = step_ms("predicted", m, "cold", rnd)
             for cache in ("cold", "warm"):
-                pc, rc = (compile_s(mo, m, cache) for mo in ("predicted", "reduced"))
+                pc, rc = (compile_s(mo, m, cache, rnd) for mo in ("predicted", "reduced"))
                 if pc is not None and d_c is not None:
-                    checks[f"predicted_compile_{cache}_over_default_s"].append((m, pc - d_c))
+                    add(f"predicted_compile_{cache}_over_default_s", m, pc - d_c)
                 if rc is not None and ma_c is not None:
-                    checks[f"reduced_compile_{cache}_over_max_autotune_s"].append((m, rc - ma_c))
+                    add(f"reduced_compile_{cache}_over_max_autotune_s", m, rc - ma_c)
             if p_step and len(steps) == 2:
-                checks["predicted_step_over_best_ratio"].append((m, p_step / min(steps)))
-                if m >= 1024:
-                    big.append(p_step / min(steps))
-            r_step = step_ms("reduced", m, "cold")
+                add("predicted_step_over_best_ratio", m, p_step / min(steps))
+            r_step = step_ms("reduced", m, "cold", rnd)
             if r_step and p_step:
-                checks["reduced_step_over_predicted_ratio"].append((m, r_step / p_step))
-        res_wl = {k: limit_check(dict(v), LIMITS[k]) for k, v in checks.items()}
+                add("reduced_step_over_predicted_ratio", m, r_step / p_step)
+        res_wl = {k: rounds_check(v, LIMITS[k]) for k, v in checks.items()}
+        big = [v for m, v in res_wl["predicted_step_over_best_ratio"]["by_m"].items()
+               if m >= 1024]
         res_wl["predicted_step_geomean_m_ge_1024_over_best"] = geomean_check(
             big, LIMITS["predicted_step_geomean_m_ge_1024_over_best"])
         out[wl] = res_wl
@@ -595,7 +646,8 @@ def targets_lines(t: dict) -> str:
 
 
 def ratio_table(res: dict) -> str:
-    """Per workload and M: step time against Inductor's default, and compile seconds."""
+    """Per workload and M: step time against Inductor's default, and compile seconds (medians
+    over rounds)."""
     lines = []
     for wl in ("mlp", "attn"):
         compile_s, step_ms = _values(res, wl, "compile_s"), _values(res, wl, "step_ms")
@@ -629,20 +681,19 @@ def plot(res: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for col, wl in enumerate(("mlp", "attn")):
+        step_ms, compile_s = _values(res, wl, "step_ms"), _values(res, wl, "compile_s")
         for mode in MODES:
             for cache, style in ((None, "-"), ("cold", "-"), ("warm", "--")):
-                pts = sorted((r["m"], r["workloads"][wl]) for r in res["runs"]
-                             if r["status"] == "ok" and r["mode"] == mode
-                             and r["kernel_cache"] == cache)
-                if not pts:
+                ms = [m for m in sorted(res["meta"]["ms"]) if step_ms(mode, m, cache) is not None]
+                if not ms:
                     continue
                 label = mode + (f" ({cache} kernels)" if cache else "")
                 if cache != "warm":
-                    axes[0, col].plot([p[0] for p in pts], [p[1]["step_ms"] * 1e3 for p in pts],
+                    axes[0, col].plot(ms, [step_ms(mode, m, cache) * 1e3 for m in ms],
                                       style, marker="o", label=mode)
-                axes[1, col].plot([p[0] for p in pts], [p[1]["compile_s"] for p in pts], style,
+                axes[1, col].plot(ms, [compile_s(mode, m, cache) for m in ms], style,
                                   marker="o", label=label)
-        axes[0, col].set(title=f"{wl}: steady-state time per call", xscale="log", yscale="log",
+        axes[0, col].set(title=f"{wl}: steady-state time per call (median over rounds)", xscale="log", yscale="log",
                          xlabel="M (tokens)", ylabel="us")
         axes[1, col].set(title=f"{wl}: compile wall time (fresh process, empty Inductor cache)",
                          xscale="log", yscale="log", xlabel="M (tokens)", ylabel="s")
@@ -812,6 +863,9 @@ def main(argv=None) -> int:
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="combine the runs of several result files (say, M values measured "
                          "in separate calls or on separate GPUs of one host) into --out")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every (M, mode, kernel cache) this many times, round after round; "
+                         "the checks take the median over rounds")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 

@@ -175,6 +175,10 @@
 #      template) the MLP's steps at M 1 16 128, then the GPU tests of predicted mode's fusion
 #   templated_compile  compile times of default and predicted at M 16 and 1, cold and warm,
 #      with the up projection left to its template
+#   rounds_compile  compile times of default and predicted at M 1 and 16, cold and warm, in three
+#      rounds (bench_e2e.py --rounds: a check's median over rounds of paired differences), each
+#      compile's Dynamo and Inductor phases recorded
+#   templated_steps2  templated_steps' MLP steps on another machine, no tests
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -595,6 +599,11 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
     gpu_tests "$(left 10)" tests/test_swiglu.py -k "predicted_mode" ;;
   templated_compile)
     bench part_small5 --ms 16 1 --modes default predicted --warm-for predicted --skip-overhead ;;
+  rounds_compile)
+    bench part_rounds --ms 1 16 --modes default predicted --warm-for predicted --skip-overhead \
+      --rounds 3 ;;
+  templated_steps2)
+    mlp_steps templated2 15 10 "default max-autotune predicted" 1 16 128 ;;
   library3)
     timeout 120 python -m pytest -m gpu tests/test_inductor.py -k forked -q --tb=short \
       -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  )|passed|failed" \

@@ -265,3 +265,36 @@ def test_step_dynamic_reports_predicted_over_the_better_baseline():
     res = _script("step_dynamic").over_best({"16": {"default": 10.0, "predicted": 9.0,
                                                     "reduced": 9.9}})
     assert res["reduced_over_predicted"] == {"16": pytest.approx(1.1)}
+
+
+def test_rounds_pair_runs_of_one_round_and_check_the_median():
+    """--rounds: a check compares the runs of one round and takes the median over rounds; a
+    round without one side leaves that round out; merging keeps the rounds apart."""
+    def run(mode, cache, rnd, compile_s, status="ok"):
+        wl = {"compile_s": compile_s, "step_ms": 0.1}
+        return {"mode": mode, "m": 1, "kernel_cache": cache, "round": rnd, "status": status,
+                "workloads": {"mlp": wl, "attn": wl}}
+
+    runs = [run("default", None, 0, 8.0), run("predicted", "cold", 0, 11.0),
+            run("default", None, 1, 12.0), run("predicted", "cold", 1, 11.0),
+            run("default", None, 2, 9.0), run("predicted", "cold", 2, 10.0),
+            run("default", None, 3, 9.0), run("predicted", "cold", 3, 0.0, "skipped")]
+    res = {"meta": {"ms": [1]}, "runs": runs}
+    check = bench.targets(res)["mlp"]["predicted_compile_cold_over_default_s"]
+    assert check["by_m_rounds"] == {1: [3.0, -1.0, 1.0]}
+    assert check["by_m"] == {1: 1.0} and check["met"] is True
+    assert bench._values(res, "mlp", "compile_s")("default", 1) == 9.0  # median of 4 rounds
+    merged = bench.merge([_part(runs[:4]), _part(runs[4:])])
+    assert len(merged["runs"]) == len(runs)
+    one_round = bench.targets({"meta": {"ms": [1]}, "runs": runs[:2]})["mlp"]
+    assert "by_m_rounds" not in one_round["predicted_compile_cold_over_default_s"]
+
+
+def test_compile_phases_are_those_of_the_compile_between_two_snapshots():
+    import torch
+
+    before = bench._compile_phases()
+    torch.compile(lambda x: x.sin() + 1, backend="eager")(torch.ones(3))
+    phases = bench._phases_delta(before, bench._compile_phases(), floor_s=0.0)
+    assert phases["_compile.compile_inner"] > 0
+    assert bench._phases_delta(phases, phases, floor_s=0.0) == {}
