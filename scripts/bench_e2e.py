@@ -262,7 +262,6 @@ def worker(spec: dict) -> dict:
             # workers), Inductor's import in the process's first compile (after enable(), as
             # in a script that enables cutetune before it compiles) and, in the first that
             # launches a quack kernel, quack's.
-            phases_before = _compile_phases()
             t0 = time.perf_counter()
             ctx = contextlib.nullcontext()
             if mode in ("predicted", "reduced"):
@@ -275,7 +274,7 @@ def worker(spec: dict) -> dict:
                 out, code = run_and_get_code(compiled, x)
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
-            phases = _phases_delta(phases_before, _compile_phases())
+            phases = _compile_phases()  # run_and_get_code reset Dynamo, and its phase times
             prefetched = _prefetch_stats(wait=False)
             t0 = time.perf_counter()
             helper = _prefetch_stats(wait=True)  # steady state: no background compile running
@@ -307,20 +306,15 @@ def worker(spec: dict) -> dict:
     return {"workloads": results, "process_s": time.perf_counter() - t_start}
 
 
-def _compile_phases() -> dict[str, float]:
-    """Seconds spent so far in each phase Dynamo and Inductor time (``dynamo_timed``: tracing,
-    AOTAutograd, lowering, codegen, waiting on the compile workers, loading the module): where
-    a compile's time went, in every mode alike, cutetune's or not."""
+def _compile_phases(floor_s: float = 1e-3) -> dict[str, float]:
+    """Seconds spent in each phase Dynamo and Inductor time (``dynamo_timed``: tracing,
+    AOTAutograd, lowering, codegen, loading the module and waiting on its kernels) since
+    Dynamo's last reset, those over ``floor_s``: where a compile's time went, in every mode
+    alike, cutetune's or not."""
     from torch._dynamo.utils import compile_times
 
     names, values = compile_times(repr="csv", aggregate=True)
-    return {n: float(v) for n, v in zip(names, values)}
-
-
-def _phases_delta(before: dict, after: dict, floor_s: float = 1e-3) -> dict[str, float]:
-    """The phases of one compile (``after - before``), those over ``floor_s``."""
-    delta = {n: v - before.get(n, 0.0) for n, v in after.items()}
-    return {n: round(v, 4) for n, v in delta.items() if v > floor_s}
+    return {n: round(float(v), 4) for n, v in zip(names, values) if float(v) > floor_s}
 
 
 def _fused_via() -> list | None:
@@ -632,6 +626,46 @@ def targets(res: dict) -> dict:
     return out
 
 
+# Where a compile's seconds go (``compile_phases_s``): Dynamo's whole compile of the graph,
+# and within it the wait for the compiled module's kernels (Triton's, templates among them).
+SPLIT_PHASES = {"dynamo_s": "_compile.compile_inner", "kernels_s": "PyCodeCache.load_by_key_path"}
+
+
+def compile_split(res: dict) -> dict:
+    """Per workload, mode (with its kernel cache) and M, medians over rounds of the compile's
+    seconds inside Dynamo's compile, waiting on its kernels, and outside Dynamo (``enable()``,
+    Inductor's import in the process's first compile, the first call): which part of a
+    difference between modes is cutetune's lowering and kernels, and which is not."""
+    out: dict = {}
+    for r in res["runs"]:
+        if r["status"] != "ok":
+            continue
+        kind = r["mode"] + (f"-{r['kernel_cache']}" if r["kernel_cache"] else "")
+        for wl, w in r["workloads"].items():
+            phases = w.get("compile_phases_s")
+            if phases is None:
+                continue
+            split = {k: phases.get(name, 0.0) for k, name in SPLIT_PHASES.items()}
+            split["outside_s"] = w["compile_s"] - split["dynamo_s"]
+            cell = out.setdefault(wl, {}).setdefault(kind, {}).setdefault(str(r["m"]), {})
+            for k, v in split.items():
+                cell.setdefault(k, []).append(v)
+    return {wl: {kind: {m: {k: round(statistics.median(v), 3) for k, v in cell.items()}
+                        for m, cell in by_m.items()} for kind, by_m in kinds.items()}
+            for wl, kinds in out.items()}
+
+
+def split_lines(split: dict) -> str:
+    lines = ["\ncompile seconds, medians over rounds: inside Dynamo (of it, waiting on kernels) "
+             "+ outside"]
+    for wl, kinds in split.items():
+        for kind, by_m in kinds.items():
+            cells = [f"M={m}: {c['dynamo_s']:.2f} ({c['kernels_s']:.2f}) + {c['outside_s']:.2f}"
+                     for m, c in by_m.items()]
+            lines.append(f"  {wl:4} {kind:14} " + " | ".join(cells))
+    return "\n".join(lines)
+
+
 def targets_lines(t: dict) -> str:
     lines = ["\ntargets (met / checked M values; a value above its limit misses):"]
     for wl, checks in t.items():
@@ -893,6 +927,7 @@ def main(argv=None) -> int:
     res = merge([json.loads(Path(f).read_text()) for f in args.merge]) if args.merge \
         else run_gpu(args)
     res["targets"] = targets(res)
+    res["compile_split_s"] = compile_split(res)
     out.write_text(json.dumps(res, indent=1))
     png = out.with_suffix(".png")
     plot(res, png)
@@ -904,6 +939,8 @@ def main(argv=None) -> int:
               f"(+{ov['launcher_minus_torch_host_us']:.1f})")
     print(ratio_table(res))
     print(targets_lines(res["targets"]))
+    if res["compile_split_s"]:
+        print(split_lines(res["compile_split_s"]))
     print(f"\nwrote {out} and {png} in {res['meta']['total_s']:.0f} s")
     return 0
 
