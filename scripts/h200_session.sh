@@ -178,6 +178,7 @@
 #   rounds_compile  compile times of default and predicted at M 1 and 16, cold and warm, in three
 #      rounds (bench_e2e.py --rounds: a check's median over rounds of paired differences), each
 #      compile's Dynamo and Inductor phases recorded
+#   rounds_compile128  the same at M=128 (with the attention's phases, fixed since)
 #   templated_steps2  templated_steps' MLP steps on another machine, no tests
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
@@ -602,6 +603,9 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
   rounds_compile)
     bench part_rounds --ms 1 16 --modes default predicted --warm-for predicted --skip-overhead \
       --rounds 3 ;;
+  rounds_compile128)
+    bench part_rounds128 --ms 128 --modes default predicted --warm-for predicted \
+      --skip-overhead --rounds 3 ;;
   templated_steps2)
     mlp_steps templated2 15 10 "default max-autotune predicted" 1 16 128 ;;
   library3)
