@@ -180,6 +180,13 @@
 #      compile's Dynamo and Inductor phases recorded
 #   rounds_compile128  the same at M=128 (with the attention's phases, fixed since)
 #   templated_steps2  templated_steps' MLP steps on another machine, no tests
+#   launch_probe  host and GPU time of one small-M GEMM launch by ATen, by cutetune's quack
+#      extern from a TVM-FFI library and by that library's bare call, then single-GEMM graphs
+#      compiled by default, max-autotune (Triton only) and predicted with the library
+#      (scripts/launch_probe.py)
+#   gemv_probe  the MLP and attention projections at M 1 4 16 with each linear as a Triton
+#      reduction (scripts/gemv_probe.py) beside default, max-autotune and predicted, all M in one
+#      process, interleaved rounds, the timing thread pinned
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -614,6 +621,13 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
       | tee "$E2E/gpu_tests_$CALL.log"
     bench part_library_r3 --ms 4096 8192 --modes max-autotune reduced --warm-for reduced \
       --skip-overhead --no-prebuilt-kernels --budget-s "$(left 10)" ;;
+  launch_probe)
+    timeout "$(left 10)" python scripts/launch_probe.py --out "$E2E/launch_probe_h200.json" \
+      2>&1 | grep -v -i "warn\|block_copy\|from cutlass" | tee "$E2E/launch_probe.log" ;;
+  gemv_probe)
+    timeout "$(left 10)" python scripts/gemv_probe.py --ms 1 4 16 --pin-cpu 6 \
+      --out "$E2E/gemv_probe_h200.json" 2>&1 | grep -v -i "warn\|block_copy\|from cutlass" \
+      | grep -v "__output_code" | tee "$E2E/gemv_probe.log" ;;
   tune)
     timeout "$(left 10)" python -m pytest -m gpu tests/test_tune.py tests/test_inductor.py \
       -k "gpu_cli or host_bound" -q -s -p no:cacheprovider 2>&1 | tee "$E2E/gpu_tests_$CALL.log" ;;
