@@ -15,13 +15,14 @@ W once, can fuse the gate and up products and SwiGLU's pointwise product, and ma
 as cuBLAS on the GPU. ``nmk`` lays the reduction out as (N, M, K) so that neighbouring
 programs share a row of W (for M > 1).
 
-  python scripts/gemv_probe.py --ms 1 4 16 --out data/bench/gemv_probe_h200.json
+  python scripts/gemv_probe.py --ms 1 4 16 128 --out data/bench/gemv_probe_h200.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -30,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_e2e import HIDDEN, _kernel_counts, _workloads  # noqa: E402
 from step_ab import (_compiled, _fresh_step, _installation, _interleaved,  # noqa: E402
-                     _pinned, _run_and_capture_code)
+                     _pinned, _run_and_capture_code, _wait_for_helpers)
 
 MODES = ("default", "max-autotune", "predicted", "gemv", "gemv-nmk")
 
@@ -87,7 +88,9 @@ def gpu_us(fn, x, calls: int = 20, replays: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def measure(m: int, workloads, rounds: int, pin_cpu: int | None) -> dict:
+def measure(m: int, workloads, rounds: int, pin_cpu: int | None, gemv_max_m: int) -> dict:
+    torch._dynamo.reset()
+    torch._dynamo.config.automatic_dynamic_shapes = False  # static shapes at every M
     torch.manual_seed(0)
     classes = _workloads(torch)
     out = {"m": m, "workloads": {}}
@@ -99,6 +102,8 @@ def measure(m: int, workloads, rounds: int, pin_cpu: int | None) -> dict:
             module.to(torch.bfloat16)
             fns, codes, errs = {"eager": _fresh_step(module)}, {}, {}
             for mode in MODES:
+                if mode.startswith("gemv") and m > gemv_max_m:
+                    continue
                 if mode.startswith("gemv"):
                     target = AsReductions(module, "mk" if mode == "gemv" else "nmk")
                     fn = _compiled(target, "default")
@@ -110,6 +115,7 @@ def measure(m: int, workloads, rounds: int, pin_cpu: int | None) -> dict:
                 fns[mode] = fn
                 errs[mode] = max(float((g.float() - r).norm() / r.norm())
                                  for g, r in zip(_as_tuple(got), ref))
+            helpers = _wait_for_helpers(600.0)  # predicted's fused kernels, if any were built
             with _pinned(pin_cpu):
                 timed = _interleaved(torch, fns, x, rounds)
             gpu = {mode: gpu_us(fn, x) for mode, fn in fns.items()}
@@ -119,18 +125,21 @@ def measure(m: int, workloads, rounds: int, pin_cpu: int | None) -> dict:
                 for mode, ts in timed.items()}
         out["workloads"][name] = {
             "step_us": step, "host_us": host, "gpu_us": gpu, "rel_err": errs,
-            "kernels": {mode: {**_kernel_counts("\n".join(c)),
-                               "triton_kernels": sum(code.count("async_compile.triton(")
-                                                     for code in c),
-                               "triton_reductions": sum(code.count("async_compile.triton('triton_red")
-                                                        + code.count("async_compile.triton('triton_per")
-                                                        for code in c)}
-                        for mode, c in codes.items()},
+            "helpers": helpers,
+            "kernels": {mode: _kernels("\n".join(c)) for mode, c in codes.items()},
             "rounds_step_us": {mode: [round(t["median"] * 1e3, 2) for t in ts]
                                for mode, ts in timed.items()}}
         print(json.dumps({"m": m, "workload": name, "step_us": step, "host_us": host,
                           "gpu_us": gpu, "rel_err": errs}), flush=True)
     return out
+
+
+def _kernels(code: str) -> dict:
+    """bench_e2e's GEMM kernel counts of a graph's code, and its Triton kernels (reductions,
+    looped or persistent, among them)."""
+    return {**_kernel_counts(code), "triton_kernels": code.count("async_compile.triton("),
+            "triton_reductions": len(re.findall(r"async_compile\.triton\('triton_(?:red|per)_",
+                                                code))}
 
 
 def _as_tuple(value):
@@ -143,9 +152,12 @@ def main() -> int:
     ap.add_argument("--workloads", nargs="+", default=["mlp", "attn"])
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--pin-cpu", type=int)
+    ap.add_argument("--gemv-max-m", type=int, default=16,
+                    help="the reduction forms only up to this M (they read W once per row)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    parts = [measure(m, args.workloads, args.rounds, args.pin_cpu) for m in args.ms]
+    parts = [measure(m, args.workloads, args.rounds, args.pin_cpu, args.gemv_max_m)
+             for m in args.ms]
     Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(),
                                           "torch": torch.__version__, "parts": parts},
                                          indent=1))

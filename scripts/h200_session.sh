@@ -184,9 +184,9 @@
 #      extern from a TVM-FFI library and by that library's bare call, then single-GEMM graphs
 #      compiled by default, max-autotune (Triton only) and predicted with the library
 #      (scripts/launch_probe.py)
-#   gemv_probe  the MLP and attention projections at M 1 4 16 with each linear as a Triton
-#      reduction (scripts/gemv_probe.py) beside default, max-autotune and predicted, all M in one
-#      process, interleaved rounds, the timing thread pinned
+#   gemv_probe  the MLP and attention projections at M 1 4 16 128 with each linear as a Triton
+#      reduction (up to M=16: scripts/gemv_probe.py) beside default, max-autotune and predicted,
+#      static shapes, all M in one process, interleaved rounds, the timing thread pinned
 #   tune  the GPU tests of the tuning loop (its 2-worker compile pool) and of host-bound mm
 #      (reduced mode's Triton feedback rows)
 # The benchmark compares all four modes, cutetune's with cold and warm kernel caches.
@@ -625,7 +625,7 @@ or compiled_llama_mlp or library or predicted_mode or cuda_graphs" -q -p no:cach
     timeout "$(left 10)" python scripts/launch_probe.py --out "$E2E/launch_probe_h200.json" \
       2>&1 | grep -v -i "warn\|block_copy\|from cutlass" | tee "$E2E/launch_probe.log" ;;
   gemv_probe)
-    timeout "$(left 10)" python scripts/gemv_probe.py --ms 1 4 16 --pin-cpu 6 \
+    timeout "$(left 10)" python scripts/gemv_probe.py --ms 1 4 16 128 --pin-cpu 6 \
       --out "$E2E/gemv_probe_h200.json" 2>&1 | grep -v -i "warn\|block_copy\|from cutlass" \
       | grep -v "__output_code" | tee "$E2E/gemv_probe.log" ;;
   tune)

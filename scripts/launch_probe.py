@@ -70,7 +70,8 @@ def gpu_us(fn4, p: GemmProblem, l2_bytes: int, policy) -> dict:
     """cutetune's L2-cold timing of ``fn4(a, b, d)`` (tuner.measure), in us."""
     buf = measure.ProblemBuffers(p, l2_bytes)
     out = measure.timed_outcome(fn4, buf, policy)
-    return {k: (v * 1e3 if k.startswith("time_ms") else v) for k, v in out.items()}
+    return {k.replace("time_ms", "time_us"): v * 1e3 if k.startswith("time_ms") else v
+            for k, v in out.items()}
 
 
 def launch_paths(h, ms, l2_bytes: int, policy) -> list[dict]:
