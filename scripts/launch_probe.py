@@ -8,7 +8,9 @@ predicted with the quack library, so the launch paths are compared where they ru
 Why: the host-bound rule (``inductor.QUACK_LAUNCH_HOST_US``) was measured when quack kernels
 launched through quack's Python path. Since the compile helper builds plain kernels as
 libraries, a quack launch may cost the host no more than a Triton template's, with quack's
-GPU time, which the dataset puts at or under cuBLAS's at small M on Llama-3-8B's shapes.
+GPU time, which the dataset puts at or under cuBLAS's at small M on Llama-3-8B's shapes. On
+the H200 it did not: compiled, the library's launch cost the host what ATen's extern call
+does, 9-12 us more than a template's (data/bench/launch_probe_h200*.json).
 
   python scripts/launch_probe.py --out data/bench/launch_probe_h200.json [--ms 1 16 128]
 """
