@@ -7,7 +7,7 @@ rounds (scripts/step_ab.py's method).
 
 Why: at small M a compiled step waits on the host, and an extern GEMM launch (ATen's or
 cutetune's quack library) costs the host 7-12 us more than a Triton launch
-(data/bench/launch_probe_h200*.json), while Inductor's Triton mm templates, cheap to launch,
+(data/bench/launch_probe_h200*.json.gz), while Inductor's Triton mm templates, cheap to launch,
 run M=1's down projection 21 % slower than cuBLAS on the GPU
 (data/triton_mm/h200_bf16_retimed_exh.jsonl). A matrix-vector product is a reduction over K
 per output: Inductor generates it as a Triton reduction kernel (a cheap launch) that streams
@@ -15,9 +15,10 @@ W once, can fuse the gate and up products and SwiGLU's pointwise product, and ma
 as cuBLAS on the GPU. ``nmk`` lays the reduction out as (N, M, K) so that neighbouring
 programs share a row of W (for M > 1). On the H200 it did not: at M=1 the MLP's reductions
 cost the host what the templates do but ran 112 us on the GPU against cuBLAS's 95, and from
-M=4 they read W once per row (data/bench/gemv_probe_h200*.json).
+M=4 they read W once per row (data/bench/gemv_probe_h200*.json.gz).
 
-  python scripts/gemv_probe.py --ms 1 4 16 128 --out data/bench/gemv_probe_h200.json
+  python scripts/gemv_probe.py --ms 1 4 16 128 --out gemv_probe_h200.json
+      (committed as data/bench/gemv_probe_h200.json.gz, by gzip -9n)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_e2e import HIDDEN, _kernel_counts, _workloads  # noqa: E402
+from bench_e2e import HIDDEN, _kernel_counts, _rel_err, _workloads  # noqa: E402
 from step_ab import (_compiled, _fresh_step, _installation, _interleaved,  # noqa: E402
                      _pinned, _run_and_capture_code, _wait_for_helpers)
 
@@ -100,7 +101,7 @@ def measure(m: int, workloads, rounds: int, pin_cpu: int | None, gemv_max_m: int
         module = classes[name]().cuda().to(torch.bfloat16).eval()
         x = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
         with torch.no_grad():
-            ref = [t.float() for t in _as_tuple(module.float()(x.float()))]
+            ref = module.float()(x.float())
             module.to(torch.bfloat16)
             fns, codes, errs = {"eager": _fresh_step(module)}, {}, {}
             for mode in MODES:
@@ -115,8 +116,7 @@ def measure(m: int, workloads, rounds: int, pin_cpu: int | None, gemv_max_m: int
                         fn = _compiled(module, mode)
                         got, codes[mode] = _run_and_capture_code(fn, x)
                 fns[mode] = fn
-                errs[mode] = max(float((g.float() - r).norm() / r.norm())
-                                 for g, r in zip(_as_tuple(got), ref))
+                errs[mode] = _rel_err(torch, got, ref)
             helpers = _wait_for_helpers(600.0)  # predicted's fused kernels, if any were built
             with _pinned(pin_cpu):
                 timed = _interleaved(torch, fns, x, rounds)
@@ -142,10 +142,6 @@ def _kernels(code: str) -> dict:
     return {**_kernel_counts(code), "triton_kernels": code.count("async_compile.triton("),
             "triton_reductions": len(re.findall(r"async_compile\.triton\('triton_(?:red|per)_",
                                                 code))}
-
-
-def _as_tuple(value):
-    return value if isinstance(value, tuple) else (value,)
 
 
 def main() -> int:

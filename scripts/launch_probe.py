@@ -10,9 +10,10 @@ launched through quack's Python path. Since the compile helper builds plain kern
 libraries, a quack launch may cost the host no more than a Triton template's, with quack's
 GPU time, which the dataset puts at or under cuBLAS's at small M on Llama-3-8B's shapes. On
 the H200 it did not: compiled, the library's launch cost the host what ATen's extern call
-does, 9-12 us more than a template's (data/bench/launch_probe_h200*.json).
+does, 9-12 us more than a template's (data/bench/launch_probe_h200*.json.gz).
 
-  python scripts/launch_probe.py --out data/bench/launch_probe_h200.json [--ms 1 16 128]
+  python scripts/launch_probe.py --out launch_probe_h200.json [--ms 1 16 128]
+      (committed as data/bench/launch_probe_h200.json.gz, by gzip -9n)
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ class NodeDecision:
 # GPU gains nothing from a faster kernel where the step is host-bound, and loses the launch's
 # extra host time. Those launches went through quack's Python path; launched from its TVM-FFI
 # library a quack GEMM costs compiled code about what ATen's extern call does (-0.5 to +5.6
-# us), 9-12 us more than a Triton template's (data/bench/launch_probe_h200*.json). So below
+# us), 9-12 us more than a Triton template's (data/bench/launch_probe_h200*.json.gz). So below
 # this size the choice stays the launch costs' one between templates and ATen: quack's GPU
 # gain over cuBLAS there (at most 2.4 us on the probed shapes) cannot pay for a template's
 # cheaper launch where the step waits on the host, and ATen matches its host cost.
