@@ -21,24 +21,27 @@ def enable(mode: str = "predicted", **options):
     them. On the H200 host a cold MLP's first benchmark then waited 1.67-2.87 s for the helper,
     against 3.21-4.10 s entered through ``cutetune.tuner.inductor``
     (data/bench/e2e_h200_1gpu_early*.json.gz, _late*.json.gz)."""
-    if mode == "reduced" and options.get("prefetch", True) is True:
+    from . import settings
+
+    if settings.parse_mode(mode) == "reduced" and options.get("prefetch", True) is True:
         _start_compile_helper()
-    from cutetune.tuner.inductor import enable as enable_inductor
+    from .tuner.inductor.install import enable as enable_inductor
 
     return enable_inductor(mode, **options)
 
 
 def enable_from_env(environ=None):
     """``cutetune.tuner.inductor.enable_from_env``, entered as ``enable`` is."""
-    env = _os.environ if environ is None else environ
-    if env.get("CUTETUNE_MODE", "").strip().lower() == "reduced":
+    from . import settings
+
+    if settings.compile_settings(environ).mode == "reduced":
         _start_compile_helper()
-    from cutetune.tuner.inductor import enable_from_env as enable_inductor_from_env
+    from .tuner.inductor.install import enable_from_env as enable_inductor_from_env
 
     return enable_inductor_from_env(environ)
 
 
 def _start_compile_helper() -> None:
-    from cutetune.tuner.prefetch import start_for_this_gpu
+    from .tuner.kernels.helper import start_for_this_gpu
 
     start_for_this_gpu()

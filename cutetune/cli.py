@@ -1,5 +1,6 @@
-"""The `cutetune` command. Each subcommand lives beside the code it drives; this module only
-assembles them and turns user mistakes into one clear line instead of a traceback."""
+"""The `cutetune` command: assembles the subcommands of ``commands/`` and turns the package's
+errors into one clear line instead of a traceback. Subcommand modules import only what their
+parsers need, so ``cutetune --help`` answers without importing torch, quack or xgboost."""
 
 from __future__ import annotations
 
@@ -7,22 +8,11 @@ import argparse
 import importlib
 import sys
 
-# subcommand -> module that defines `register(subparsers)`; each register adds its parser and
-# sets `func` to a callable taking the parsed args and returning an exit code.
-SUBCOMMANDS = {
-    "space": "cutetune.space.cli",
-    "collect": "cutetune.tuner.collect",
-    "train": "cutetune.models.train",
-    "predict": "cutetune.models.predict",
-    "tune": "cutetune.tuner.tune",
-    "emit": "cutetune.tuner.heuristics",
-    "fleet": "cutetune.tuner.fleet",
-    "prebuild": "cutetune.tuner.prebuild",
-}
+from .errors import CutetuneError
 
-
-class UserError(Exception):
-    """Raised for a mistake the user can fix; printed without a traceback."""
+# subcommand -> module defining `register(subparsers)`; each register adds its parser and sets
+# `func` to a callable taking the parsed args and returning an exit code.
+SUBCOMMANDS = ("space", "collect", "train", "predict", "tune", "emit", "fleet", "prebuild")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,21 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
         "GPU measurement, cost model, tuning and torch.compile integration.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in SUBCOMMANDS.items():
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name and e.name.startswith("cutetune"):
-                continue  # subcommand not built yet
-            raise
-        mod.register(sub)
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"{__package__}.commands.{name}").register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cutetune.dataset import DatasetError
-    from cutetune.space.problem import ProblemError
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -54,9 +35,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (UserError, ProblemError, DatasetError, FileNotFoundError, ValueError) as e:
+    except (CutetuneError, FileNotFoundError, ValueError) as e:
         print(f"cutetune {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"cutetune {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

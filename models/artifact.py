@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cutetune.space.config import KernelConfig
-from cutetune.space.device import DeviceSpec, device_for
-from cutetune.space.features import FEATURE_NAMES
-from cutetune.space.problem import GemmProblem, ProblemError
-from cutetune.space.rules import violations
+from ..space.config import KernelConfig
+from ..space.device import DeviceSpec, device_for
+from ..space.features import FEATURE_NAMES
+from ..space.problem import GemmProblem, ProblemError
+from ..space.rules import violations
 
 from .fallback import CublasFallback, fallback_inputs
 from .features import ConfigTable, arch_config_table, problem_descriptors

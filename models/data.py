@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutetune.dataset import CONFIG_COLUMNS, PROBLEM_COLUMNS, DatasetError, load, parts
-from cutetune.space.enumerate import enumerate_configs
-from cutetune.space.problem import GemmProblem
+from .dataset import CONFIG_COLUMNS, PROBLEM_COLUMNS, DatasetError, load, parts
+from ..space.enumerate import enumerate_configs
+from ..space.problem import GemmProblem
 
 ROW_COLUMNS = PROBLEM_COLUMNS + CONFIG_COLUMNS
 SWEEP_SUFFIX = "_exhaustive"  # space.suites names full sweeps of a family "<family>_exhaustive"
@@ -89,7 +89,7 @@ def _numpy(table: pa.Table, name: str) -> np.ndarray:
 
 
 def from_table(table: pa.Table) -> Measurements:
-    """Build Measurements from a dataset table (``cutetune.dataset.load``)."""
+    """Build Measurements from a dataset table (``cutetune.models.dataset.load``)."""
     devices = sorted(set(table.column("device_name").drop_null().to_pylist()))
     if len(devices) != 1:
         raise DatasetError(f"a cost model trains on one device's timings; the dataset has "

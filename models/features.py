@@ -12,13 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cutetune.space.config import KernelConfig, quack_default_config
-from cutetune.space.device import DeviceSpec
-from cutetune.space.enumerate import enumerate_configs
-from cutetune.space.features import (FEATURE_NAMES, config_columns, feature_matrix,
-                                     problem_columns)
-from cutetune.space.problem import GemmProblem
-from cutetune.space.rules import PROBLEM_RULES
+from ..space.config import KernelConfig, quack_default_config
+from ..space.device import DeviceSpec
+from ..space.enumerate import enumerate_configs
+from ..space.features import FEATURE_NAMES, config_columns, feature_matrix, problem_columns
+from ..space.problem import GemmProblem
+from ..space.rules import PROBLEM_RULES
 
 from .data import Measurements
 

@@ -1,141 +1,443 @@
-"""The heuristics a cost model must beat, as rankings of a problem's measured configs.
+"""Compile-time heuristics: the cost model's picks frozen into a compact, versioned file, so
+Inductor's lowering asks a dict and a log-spaced grid instead of running the model.
 
-A heuristic names one config (or a short list); the dataset may not hold exactly that config,
-so it is scored by its distance to each measured one and the nearest measured config stands
-in for it (the report says how often the exact pick was measured). Distances add log2 ratios
-of tile and cluster extents and split-K, plus fixed costs for a different orientation (swap_ab),
-mode (pingpong) or swizzle.
+A file serves one (arch, dtype). For each operand-major pair and each cell of a log-spaced
+(batch, M, N, K) grid it stores the model's top-k configs and its cuBLAS-fallback flag, plus
+exact entries for recorded problems (the shapes we know users run), taken from their
+measurements where a dataset has them (``measured_picks``). ``lookup`` returns the
+exact entry when there is one, else the grid cell nearest in log space: a cell's configs are
+the model's picks for the cell's own shape, which is why the grid is log-spaced (tile and wave
+effects change with ratios, not differences).
+
+A file may also hold the SwiGLU fusions measured on the GPU (``--swiglu-bench``): per
+measured up projection, the fused config that ran it fastest where that beat the unfused
+default, else none (``swiglu.fusion_config`` asks it before its rule). And a Triton table
+(``--triton-sweep``): the Inductor Triton mm config that predicted mode gives, without
+benchmarking, to a host-bound and memory-bound mm, which cutetune leaves to Inductor, and the
+launch costs (``--triton-retimed``, ``--triton-steps``) that say which of a graph's such mm
+should take them (``models/triton_mm.py``).
+
+``cutetune emit --model PATH --out FILE`` writes it; ``Heuristics.load`` reads it.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Mapping
+import hashlib
+import json
+import math
+import os
+from bisect import bisect_left
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Mapping
 
-import numpy as np
+import cutetune
+from .triton_mm import TritonTable
+from ..space.config import KernelConfig
+from ..space.problem import ARCHES, SUPPORTED_DTYPES, GemmProblem, ProblemError
 
-from cutetune.space.config import KernelConfig
-from cutetune.space.enumerate import enumerate_configs
-from cutetune.space.features import config_columns
-from cutetune.space.problem import GemmProblem
+FORMAT = "cutetune-heuristics"
+VERSION = 1
+MAJORS = ("kk", "kn", "mk", "mn")  # a_major + b_major
+CONFIG_FIELDS = tuple(f.name for f in fields(KernelConfig))
+# Configs kept per entry: at least the largest top-k the reduced mode may ask for.
+FILE_TOP_K = 8
+DATA_DIR = Path(cutetune.__file__).resolve().parent / "data"  # package data (pyproject)
 
-SWAP_COST, PINGPONG_COST, SWIZZLE_COST = 4.0, 0.5, 0.25
-NVMMH_GPU = {"sm90": "H200_SXM", "sm100": "B200"}
-NVMMH_PRECISION = {"bf16": "TST", "fp16": "HSH"}  # nvMatmulHeuristics.h: T=bf16, H=fp16, S=fp32
-NVMMH_COUNT = 8  # picks asked per orientation: enough to fill a top-10 from both
-
-
-def config_distance(cols: Mapping[str, np.ndarray], c: KernelConfig) -> np.ndarray:
-    """Distance of each row of config columns to config ``c`` (0 for the same config)."""
-    lg = lambda name, v: np.abs(np.log2(np.asarray(cols[name], float) / v))  # noqa: E731
-    return (lg("tile_m", c.tile_m) + lg("tile_n", c.tile_n) + lg("cluster_m", c.cluster_m)
-            + lg("cluster_n", c.cluster_n) + lg("split_k", c.split_k)
-            + SWAP_COST * (np.asarray(cols["swap_ab"]).astype(bool) != c.swap_ab)
-            + PINGPONG_COST * (np.asarray(cols["pingpong"]).astype(bool) != c.pingpong)
-            + SWIZZLE_COST * (np.asarray(cols["max_swizzle_size"]) != c.max_swizzle_size))
-
-
-def map_onto(configs, picks: list[KernelConfig]) -> list[KernelConfig]:
-    """Each pick as itself when in ``configs``, else as its nearest config there; in pick
-    order, without duplicates."""
-    configs = list(configs)
-    cols = config_columns(configs)
-    return list(dict.fromkeys(configs[int(np.argmin(config_distance(cols, c)))] for c in picks))
+# An entry: (cuBLAS-fallback flag, indices into the file's config table, best first).
+Entry = tuple[bool, tuple[int, ...]]
 
 
-def rank_by_picks(cols: Mapping[str, np.ndarray], picks: list[KernelConfig]) -> np.ndarray:
-    """Scores that put the nearest unused row to pick 0 first, then to pick 1, ...; the other
-    rows follow by distance to their nearest pick."""
-    n = len(cols["tile_m"])
-    if not picks:
-        return np.zeros(n)
-    dist = np.stack([config_distance(cols, p) for p in picks])
-    score = len(picks) + dist.min(axis=0)
-    used = np.zeros(n, bool)
-    for j in range(min(len(picks), n)):
-        i = int(np.argmin(np.where(used, np.inf, dist[j])))
-        score[i], used[i] = j, True
-    return score
+class HeuristicsError(ValueError):
+    """A heuristics file that cannot be used (corrupt, another format version, another
+    arch/dtype), or a problem it does not cover."""
 
 
-# ---------------------------------------------------------------- quack's own choices
-@lru_cache(maxsize=None)
-def quack_sm90_list() -> tuple[KernelConfig, ...]:
-    """quack's sm90 autotuning list (gemm_config._get_sm90_configs: 44 configs) mapped onto
-    our space: each to itself when valid, else to its nearest valid config (128x224 is not on
-    our tile_n axis), without duplicates."""
-    from quack.gemm_config import _get_sm90_configs
-
-    space = enumerate_configs("sm90")
-    return tuple(map_onto(space, [
-        KernelConfig(q.tile_m, q.tile_n, q.pingpong, q.cluster_m, q.cluster_n, q.swap_ab,
-                     q.max_swizzle_size, q.split_k, q.is_dynamic_persistent)
-        for q in _get_sm90_configs()]))
+def _pow2(lo: int, hi: int) -> tuple[int, ...]:
+    return tuple(2 ** e for e in range(lo, hi + 1))
 
 
-def in_configs(cols: Mapping[str, np.ndarray], configs) -> np.ndarray:
-    """Which rows of config columns are one of ``configs``."""
-    table = config_columns(list(configs))
-    names = list(table)
-    rows = np.stack([np.asarray(cols[k]).astype(np.int64) for k in names], axis=1)
-    want = {tuple(r) for r in np.stack([table[k] for k in names], axis=1).tolist()}
-    return np.array([tuple(r) in want for r in rows.tolist()], bool)
+@dataclass(frozen=True)
+class Grid:
+    """Log-spaced cell centres. N and K start at 16 so every cell is TMA-aligned for 16-bit
+    operands whichever dim is contiguous; M starts at 1 (decode)."""
+
+    batch: tuple[int, ...] = (1,)
+    m: tuple[int, ...] = _pow2(0, 15)  # 1 .. 32768
+    n: tuple[int, ...] = _pow2(4, 15)  # 16 .. 32768
+    k: tuple[int, ...] = _pow2(4, 15)
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "m", "n", "k"):
+            v = getattr(self, name)
+            if (not v or any(not isinstance(x, int) or x <= 0 for x in v)
+                    or list(v) != sorted(set(v))):
+                raise HeuristicsError(f"grid {name} must be increasing positive integers, "
+                                      f"got {v!r}")
+
+    @property
+    def size(self) -> int:
+        return len(MAJORS) * len(self.batch) * len(self.m) * len(self.n) * len(self.k)
+
+    def problems(self, arch: str, dtype: str) -> Iterator[GemmProblem | None]:
+        """Each cell's problem in storage order; None where the shape is invalid for the
+        majors (an m-major A needs M aligned like K)."""
+        for majors in MAJORS:
+            for b in self.batch:
+                for m in self.m:
+                    for n in self.n:
+                        for k in self.k:
+                            try:
+                                yield GemmProblem(m, n, k, b, dtype, dtype, majors[0], majors[1],
+                                                  arch)
+                            except ProblemError:
+                                yield None
+
+    def to_json(self) -> dict:
+        return {"batch": list(self.batch), "m": list(self.m), "n": list(self.n),
+                "k": list(self.k), "majors": list(MAJORS)}
 
 
-# ---------------------------------------------------------------- nvMatmulHeuristics
-@lru_cache(maxsize=None)
-def _nvmmh(gpu: str):
-    """One library handle and hardware descriptor per GPU for the process. nvMatmulHeuristics
-    0.1.0 segfaults destroying a handle that has answered queries (the wrapper's __del__ does,
-    at exit at the latest), so ours is never destroyed; the OS frees it at exit."""
-    import nvMatmulHeuristics as nv
+class _Locator:
+    """Nearest grid index in log space, per dimension, by bisection on precomputed logs."""
 
-    class Interface(nv.NvMatmulHeuristicsInterface):
-        def __del__(self) -> None:
-            pass
+    def __init__(self, values: tuple[int, ...]) -> None:
+        self.logs = [math.log2(v) for v in values]
 
-    iface = Interface(backend=nv.NvMatmulHeuristicsTarget.CUTLASS3)
-    hw = iface.createHardwareDescriptor()
-    iface.setHardwarePredefinedGpu(hw, getattr(nv.NvMatmulHeuristicsNvidiaGpu, gpu))
-    return iface, hw, set()
+    def __call__(self, x: int) -> int:
+        lx = math.log2(x)
+        i = bisect_left(self.logs, lx)
+        if i == 0:
+            return 0
+        if i == len(self.logs):
+            return i - 1
+        return i if self.logs[i] - lx < lx - self.logs[i - 1] else i - 1
 
 
-def _layout(a_k_major: bool, b_k_major: bool, row_major_out: bool):
-    """nvMMH layout name: BLAS column-major letters, so a K-major A is 'T' and a K-major B 'N'."""
-    import nvMatmulHeuristics as nv
+class Heuristics:
+    """A loaded heuristics file: ``lookup(problem) -> (top-k configs, use_aten)``."""
 
-    name = ("T" if a_k_major else "N") + ("N" if b_k_major else "T")
-    return getattr(nv.NvMatmulHeuristicsMatmulLayout, name + ("_ROW_MAJOR" if row_major_out
-                                                             else "_COL_MAJOR"))
+    def __init__(self, arch: str, dtype: str, top_k: int, grid: Grid,
+                 configs: tuple[KernelConfig, ...], cells: list[Entry | None],
+                 exact: dict[str, Entry], meta: dict | None = None, digest: str = "",
+                 triton: TritonTable | None = None,
+                 swiglu: dict[str, int | None] | None = None) -> None:
+        self.arch, self.dtype, self.top_k, self.grid = arch, dtype, top_k, grid
+        self.configs, self.cells, self.exact = configs, cells, exact
+        self.meta = meta or {}
+        self.triton = triton
+        self.swiglu = swiglu or {}  # problem key -> index of its fused config, or None
+        self.digest = digest or _digest(json.dumps(self.to_json(), sort_keys=True).encode())
+        self._locate = [_Locator(v) for v in (grid.batch, grid.m, grid.n, grid.k)]
+        self._dims = (len(grid.batch), len(grid.m), len(grid.n), len(grid.k))
+
+    def lookup(self, problem: GemmProblem) -> tuple[tuple[KernelConfig, ...], bool]:
+        """The configs to try for ``problem``, best first, and whether the model prefers
+        cuBLAS for it. HeuristicsError when the file is for another arch or dtype."""
+        self._check(problem)
+        entry = self.exact.get(problem.key())
+        if entry is None:
+            entry = self.cells[self._cell(problem)]
+        if entry is None:  # only cells whose shape is invalid for their majors
+            return (), True
+        aten, idx = entry
+        return tuple(self.configs[i] for i in idx), aten
+
+    def swiglu_config(self, problem: GemmProblem) -> tuple[bool, KernelConfig | None]:
+        """Whether the GPU measured the SwiGLU fusion of ``problem`` (an up projection), and
+        the config to fuse it with (None: the unfused default was faster)."""
+        self._check(problem)
+        key = problem.key()
+        if key not in self.swiglu:
+            return False, None
+        i = self.swiglu[key]
+        return True, None if i is None else self.configs[i]
+
+    def triton_config(self, problem: GemmProblem, measured_only: bool = False
+                      ) -> dict[str, int] | None:
+        """Inductor's Triton mm kwargs for ``problem`` (a plain mm): the config that ran it
+        fastest where the table's retime measured it, else its group's pick (not with
+        ``measured_only``); None without either, or without a Triton table in this file."""
+        self._check(problem)
+        if self.triton is None or problem.batch != 1:
+            return None
+        return self.triton.config(problem, measured_only)
+
+    def triton_problems(self, gemms: list[tuple[GemmProblem, dict[str, int]]]
+                        ) -> frozenset[GemmProblem]:
+        """Which of one graph's host-bound mm problems (each with its ``triton_config``) take
+        that Triton config (``models.triton_mm.LaunchCosts``); none without launch costs."""
+        for p, _ in gemms:
+            self._check(p)
+        return self.triton.triton_problems(gemms) if self.triton is not None else frozenset()
+
+    def _check(self, problem: GemmProblem) -> None:
+        if problem.arch != self.arch or problem.dtype != self.dtype:
+            raise HeuristicsError(f"heuristics are for {self.arch}/{self.dtype}, not "
+                                  f"{problem.arch}/{problem.dtype}")
+
+    def _cell(self, p: GemmProblem) -> int:
+        nb, nm, nn, nk = self._dims
+        i = MAJORS.index(p.a_major + p.b_major)
+        for loc, size, x in zip(self._locate, (nb, nm, nn, nk), (p.batch, p.m, p.n, p.k)):
+            i = i * size + loc(x)
+        return i
+
+    # ------------------------------------------------------------ file format
+    def to_json(self) -> dict:
+        enc = lambda e: None if e is None else [int(e[0]), *e[1]]  # noqa: E731
+        return {
+            "format": FORMAT, "version": VERSION, "arch": self.arch, "dtype": self.dtype,
+            "top_k": self.top_k, "config_fields": list(CONFIG_FIELDS),
+            "configs": [[getattr(c, f) for f in CONFIG_FIELDS] for c in self.configs],
+            "grid": self.grid.to_json(), "cells": [enc(e) for e in self.cells],
+            "exact": {k: enc(e) for k, e in sorted(self.exact.items())}, "meta": self.meta,
+            **({"triton_mm": self.triton.to_json()} if self.triton is not None else {}),
+            **({"swiglu": dict(sorted(self.swiglu.items()))} if self.swiglu else {}),
+        }
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write atomically (temporary name, then rename): Inductor may read it concurrently."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        data = json.dumps(self.to_json(), separators=(",", ":")).encode()
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, out)
+        self.digest = _digest(data)
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Heuristics":
+        p = Path(path)
+        try:
+            raw = p.read_bytes()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"heuristics file {p} does not exist (write one with "
+                                    f"`cutetune emit --model MODEL --out {p}`)") from None
+        try:
+            d = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise HeuristicsError(f"corrupt heuristics file {p}: {e}") from None
+        try:
+            return cls._from_json(d, _digest(raw))
+        except HeuristicsError as e:
+            raise HeuristicsError(f"{p}: {e}") from None
+        except (AttributeError, KeyError, TypeError, ValueError, IndexError) as e:
+            raise HeuristicsError(f"corrupt heuristics file {p}: {type(e).__name__}: {e}") from None
+
+    @classmethod
+    def _from_json(cls, d: dict, digest: str) -> "Heuristics":
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise HeuristicsError(f"not a cutetune heuristics file (format {FORMAT!r} expected)")
+        if d.get("version") != VERSION:
+            raise HeuristicsError(f"format version {d.get('version')!r}; this cutetune reads "
+                                  f"version {VERSION} (re-run `cutetune emit`)")
+        if tuple(d["config_fields"]) != CONFIG_FIELDS:
+            raise HeuristicsError(f"config fields {d['config_fields']} differ from this "
+                                  f"cutetune's {list(CONFIG_FIELDS)} (re-run `cutetune emit`)")
+        arch, dtype = d["arch"], d["dtype"]
+        if arch not in ARCHES or dtype not in SUPPORTED_DTYPES:
+            raise HeuristicsError(f"unsupported arch/dtype {arch}/{dtype}")
+        g = d["grid"]
+        if tuple(g["majors"]) != MAJORS:
+            raise HeuristicsError(f"grid majors {g['majors']} differ from {list(MAJORS)}")
+        grid = Grid(*(tuple(g[name]) for name in ("batch", "m", "n", "k")))
+        if any(len(c) != len(CONFIG_FIELDS) for c in d["configs"]):
+            raise HeuristicsError(f"configs need {len(CONFIG_FIELDS)} values each "
+                                  f"({', '.join(CONFIG_FIELDS)})")
+        configs = tuple(KernelConfig(*c) for c in d["configs"])
+        n_cfg = len(configs)
+
+        def dec(e) -> Entry | None:
+            if e is None:
+                return None
+            flag, *idx = e
+            if flag not in (0, 1) or any(not isinstance(i, int) or not 0 <= i < n_cfg for i in idx):
+                raise HeuristicsError(f"bad entry {e!r}")
+            return bool(flag), tuple(idx)
+
+        cells = [dec(e) for e in d["cells"]]
+        if len(cells) != grid.size:
+            raise HeuristicsError(f"{len(cells)} cells for a grid of {grid.size}")
+        exact = {str(k): dec(e) for k, e in d["exact"].items()}
+        triton = TritonTable.from_json(d["triton_mm"]) if "triton_mm" in d else None
+        swiglu = {str(k): v for k, v in d.get("swiglu", {}).items()}
+        if any(v is not None and (not isinstance(v, int) or not 0 <= v < n_cfg)
+               for v in swiglu.values()):
+            raise HeuristicsError("bad SwiGLU entry: not a config index or null")
+        return cls(arch, dtype, int(d["top_k"]), grid, configs, cells, exact, d.get("meta"),
+                   digest, triton, swiglu)
 
 
-def nvmmh_picks(problem: GemmProblem, count: int = NVMMH_COUNT) -> list[KernelConfig]:
-    """nvMatmulHeuristics' configs for ``problem``, best estimated runtime first, as ours.
-
-    As quack's nvmmh_heuristic does, both orientations are asked (D = A B row-major, and the
-    swapped D^T = B^T A^T column-major, i.e. swap_ab) and merged by estimated runtime; pingpong
-    is quack's rule (sm90 and tile_m <= 128). Not mapped onto the valid space here."""
-    iface, hw, loaded = _nvmmh(NVMMH_GPU[problem.arch])
-    iface.precision = NVMMH_PRECISION[problem.dtype]
-    a_k, b_k = problem.a_major == "k", problem.b_major == "k"
-    found = []
-    for swap, layout, (m, n) in ((False, _layout(a_k, b_k, True), (problem.m, problem.n)),
-                                 (True, _layout(b_k, a_k, False), (problem.n, problem.m))):
-        if layout not in loaded:
-            iface.loadInternalDiscoverySet(layout, hw)
-            loaded.add(layout)
-        for r in iface.get_with_mnk(m=m, n=n, k=problem.k, matmulLayout=layout, count=count,
-                                    hardware_descriptor=hw):
-            g = r["kernel"]
-            pp = problem.arch == "sm90" and g.cta_tile_m <= 128
-            found.append((r["runtime"], KernelConfig(
-                g.cta_tile_m, g.cta_tile_n, pp, g.cluster_m, g.cluster_n, swap, 8,
-                max(1, g.split_k), problem.arch == "sm100")))
-    found.sort(key=lambda t: t[0])
-    return list(dict.fromkeys(c for _, c in found))
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
-@lru_cache(maxsize=4096)
-def nvmmh_valid_picks(problem: GemmProblem) -> list[KernelConfig]:
-    """nvmmh_picks mapped onto the problem's valid configs (nearest valid config)."""
-    return map_onto(enumerate_configs(problem.arch, problem), nvmmh_picks(problem))
+def default_path(arch: str, dtype: str) -> Path:
+    """Where the packaged heuristics for (arch, dtype) live."""
+    return DATA_DIR / f"heuristics_{arch}_{dtype}.json"
+
+
+class PackagedHeuristics:
+    """The heuristics shipped in cutetune/data, one file per (arch, dtype), each loaded on
+    first use; HeuristicsError from ``lookup`` for a pair that has no file."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        folder = DATA_DIR if folder is None else Path(folder)
+        self.paths = {}
+        for path in sorted(folder.glob("heuristics_*_*.json")):
+            _, arch, dtype = path.stem.split("_", 2)
+            self.paths[(arch, dtype)] = path
+        if not self.paths:
+            raise HeuristicsError(
+                f"no packaged heuristics in {folder}: write one with `cutetune emit --model "
+                f"MODEL --out {default_path('sm90', 'bf16')}` or pass model=PATH")
+        self.digest = _digest("".join(_digest(p.read_bytes()) for p in self.paths.values())
+                              .encode())
+        self._loaded: dict[tuple[str, str], Heuristics] = {}
+
+    def lookup(self, problem: GemmProblem) -> tuple[tuple[KernelConfig, ...], bool]:
+        return self._file(problem).lookup(problem)
+
+    def swiglu_config(self, problem: GemmProblem) -> tuple[bool, KernelConfig | None]:
+        return self._file(problem).swiglu_config(problem)
+
+    def triton_config(self, problem: GemmProblem, measured_only: bool = False
+                      ) -> dict[str, int] | None:
+        return self._file(problem).triton_config(problem, measured_only)
+
+    def triton_problems(self, gemms: list[tuple[GemmProblem, dict[str, int]]]
+                        ) -> frozenset[GemmProblem]:
+        """Each (arch, dtype)'s GEMMs weighed by its own file's launch costs."""
+        by_file: dict[tuple[str, str], list] = {}
+        for g in gemms:
+            by_file.setdefault((g[0].arch, g[0].dtype), []).append(g)
+        return frozenset().union(*(self._file(g[0][0]).triton_problems(g)
+                                   for g in by_file.values()))
+
+    def _file(self, problem: GemmProblem) -> Heuristics:
+        pair = (problem.arch, problem.dtype)
+        h = self._loaded.get(pair)
+        if h is None:
+            if pair not in self.paths:
+                raise HeuristicsError(f"no packaged heuristics for {pair[0]}/{pair[1]}")
+            h = self._loaded[pair] = Heuristics.load(self.paths[pair])
+        return h
+
+
+class ModelHeuristics:
+    """``lookup`` straight from a cost model (``rank`` and ``prefers_cublas``): what a
+    heuristics file freezes, and a way to try a model before emitting one."""
+
+    def __init__(self, model, top_k: int = FILE_TOP_K) -> None:
+        self.model, self.top_k = model, top_k
+        self.digest = f"model:{type(model).__qualname__}@{id(model):x}"
+
+    def lookup(self, problem: GemmProblem) -> tuple[tuple[KernelConfig, ...], bool]:
+        ranked = self.model.rank(problem, top_k=self.top_k)
+        return tuple(c for c, _ in ranked[:self.top_k]), bool(self.model.prefers_cublas(problem))
+
+
+Pick = tuple[tuple[KernelConfig, ...], bool]  # configs best first, and whether to keep ATen
+
+
+def build(model, arch: str, dtype: str, top_k: int = FILE_TOP_K, grid: Grid = Grid(),
+          problems: Iterable[GemmProblem] = (), meta: dict | None = None,
+          progress: Callable[[int, int], None] | None = None,
+          measured: Mapping[str, Pick] | None = None,
+          triton: TritonTable | None = None,
+          swiglu: Mapping[str, KernelConfig | None] | None = None) -> Heuristics:
+    """Freeze ``model``'s picks for every grid cell and for each of ``problems`` on
+    (arch, dtype) into a Heuristics table; a problem in ``measured`` (by key) gets that pick
+    instead of the model's (see ``measured_picks``). ``triton`` rides along as it is, and
+    ``swiglu`` (problem key -> fused config or None, ``swiglu.measured_fusions``) too."""
+    source = ModelHeuristics(model, top_k)
+    index: dict[KernelConfig, int] = {}
+    measured = measured or {}
+
+    def entry(p: GemmProblem) -> Entry:
+        configs, aten = measured.get(p.key()) or source.lookup(p)
+        return aten, tuple(index.setdefault(c, len(index)) for c in configs[:top_k])
+
+    cells: list[Entry | None] = []
+    for i, p in enumerate(grid.problems(arch, dtype)):
+        cells.append(None if p is None else entry(p))
+        if progress and (i + 1) % 1000 == 0:
+            progress(i + 1, grid.size)
+    exact = {p.key(): entry(p) for p in problems if (p.arch, p.dtype) == (arch, dtype)}
+    fused = {k: None if c is None else index.setdefault(c, len(index))
+             for k, c in (swiglu or {}).items()}
+    configs = tuple(sorted(index, key=index.__getitem__))
+    return Heuristics(arch, dtype, top_k, grid, configs, cells, exact, meta, triton=triton,
+                      swiglu=fused)
+
+
+# A recorded problem keeps ATen unless its best measured config beat the measured cuBLAS time
+# by this fraction: the best of 150+ noisy timings is biased low (repeated timings differ by a
+# median 1.5 %, p90 6 %: data/reports/dataset_h200_bf16.md), so a 1 % win is often none.
+EXACT_MARGIN = 0.03
+
+
+def measured_picks(rows: Iterable[Mapping], top_k: int, margin: float = EXACT_MARGIN
+                   ) -> dict[str, Pick]:
+    """From dataset rows: per problem with a cuBLAS time and ok quack rows, its ``top_k``
+    fastest measured configs and whether ATen stays (see EXACT_MARGIN). What was measured
+    beats what the model predicts for the shapes users are known to run."""
+    from .dataset import CONFIG_COLUMNS
+
+    quack: dict[str, list[tuple[float, KernelConfig]]] = {}
+    cublas: dict[str, float] = {}
+    for r in rows:
+        if r["status"] != "ok" or r["time_ms"] is None:
+            continue
+        if r["backend"] == "cublas":
+            cublas[r["problem_key"]] = r["time_ms"]
+        else:
+            config = KernelConfig.from_dict({c: r[c] for c in CONFIG_COLUMNS})
+            quack.setdefault(r["problem_key"], []).append((r["time_ms"], config))
+    picks = {}
+    for key, timed in quack.items():
+        if key in cublas:
+            timed.sort(key=lambda tc: tc[0])
+            aten = not timed[0][0] < cublas[key] * (1 - margin)
+            picks[key] = (tuple(c for _, c in timed[:top_k]), aten)
+    return picks
+
+
+def predicted_triton_shapes(swept, arch: str, dtype: str) -> list:
+    """The swept shapes (``models.triton_mm.SweepShape``) that predicted mode asks a Triton
+    table about: on (arch, dtype), host-bound and memory-bound by ``inductor.host_bound``."""
+    from ..space.device import device_for
+    from .triton_mm import QUACK_LAUNCH_HOST_US, host_bound
+
+    shapes = []
+    for s in swept:
+        if device_for(s.device).arch != arch or s.dtype != dtype:
+            continue
+        bound = host_bound(GemmProblem(s.m, s.n, s.k, 1, dtype, dtype, s.majors[0],
+                                       s.majors[1], arch), QUACK_LAUNCH_HOST_US)
+        if bound is not None and bound[1]:
+            shapes.append(s)
+    return shapes
+
+
+def measured_fusions(bench: dict, arch: str, dtype: str) -> dict[str, KernelConfig | None]:
+    """From a ``scripts/swiglu_bench.py`` result: per up projection on (arch, dtype), the
+    fused config that ran it fastest (ok numerics, quack's kernel not the ATen fallback) where
+    that beat the unfused default measured beside it, else None. Chosen and scored on the
+    same timings, like the dataset's exact entries."""
+    out: dict[str, KernelConfig | None] = {}
+    for shape in bench["shapes"]:
+        problem = GemmProblem(**shape["problem"])
+        if (problem.arch, problem.dtype) != (arch, dtype):
+            continue
+        ok = [r for r in shape["rows"] if r.get("status") == "ok"]
+        unfused = [r["time_ms"] for r in ok if r["variant"] == "cublas+pointwise"]
+        fused = sorted((r["time_ms"], KernelConfig.from_dict(r["config"])) for r in ok
+                       if r["variant"] == "fused" and r.get("ran_quack"))
+        if not unfused:
+            continue
+        best = fused[0] if fused else None
+        out[problem.key()] = best[1] if best and best[0] < unfused[0] else None
+    return out

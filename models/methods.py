@@ -13,13 +13,13 @@ from typing import Callable
 
 import numpy as np
 
-from cutetune.space.config import quack_default_config
+from ..space.config import quack_default_config
 
 from .data import Measurements
 from .evaluate import group_offsets
 from .features import ROOFLINE_IDX
-from .heuristics import (config_distance, in_configs, nvmmh_valid_picks, quack_sm90_list,
-                         rank_by_picks)
+from .baselines import (config_distance, in_configs, nvmmh_valid_picks, quack_sm90_list,
+    rank_by_picks)
 from .learners import OBJECTIVES, BoosterModel, HGBModel
 
 

@@ -1,15 +1,14 @@
-"""`cutetune predict`: rank kernel configs of one GEMM problem with a trained cost model."""
+"""Rank kernel configs of one GEMM problem with a trained cost model."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-from cutetune.space.config import KernelConfig
-from cutetune.space.problem import GemmProblem
+from ..space.config import KernelConfig
+from ..space.problem import GemmProblem
 
-from .artifact import CostModel, ModelError, load_model
+from .artifact import CostModel, load_model
 
 
 def predict(problem: GemmProblem, top_k: int | None = 10, configs=None,
@@ -36,53 +35,3 @@ def read_configs(path: str | Path) -> list[KernelConfig]:
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}: config #{i}: {e}") from None
     return out
-
-
-def _run(args: argparse.Namespace) -> int:
-    if args.top_k is not None and args.top_k < 1:
-        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
-    problem = GemmProblem(args.m, args.n, args.k, batch=args.batch, dtype=args.dtype,
-                          out_dtype=args.dtype, a_major=args.a_major, b_major=args.b_major,
-                          arch=args.arch)
-    model = load_model(args.model, problem.arch, problem.dtype)
-    configs = read_configs(args.configs) if args.configs else None
-    ranked = model.rank(problem, configs, args.top_k)
-    try:
-        margin = model.cublas_margin(problem, configs)
-    except ModelError:
-        margin = None  # a model trained without cuBLAS timings has no fallback
-    if args.json:
-        print(json.dumps({
-            "problem": problem.to_dict(),
-            "ranked": [{"rank": i + 1, "config": c.to_dict(), "config_key": c.short(),
-                        "predicted_ms": ms} for i, (c, ms) in enumerate(ranked)],
-            "prefers_cublas": None if margin is None else margin > 0,
-            "cublas_margin": margin}, indent=1))
-        return 0
-    print(f"{problem.key()}  ({problem.flops / 1e9:.3g} GFLOP)")
-    print(f"{'rank':>4}  {'config':<32} {'pred ms':>10} {'TFLOP/s':>8}")
-    for i, (c, ms) in enumerate(ranked):
-        print(f"{i + 1:>4}  {c.short():<32} {ms:>10.4f} {problem.flops / ms / 1e9:>8.1f}")
-    if margin is not None:
-        verdict = "use cuBLAS" if margin > 0 else "use the top-1 config"
-        print(f"fallback: {verdict} (quantile of log(t_top1/t_cuBLAS) = {margin:+.3f})")
-    return 0
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("predict", help="rank kernel configs of a GEMM with the cost model")
-    p.add_argument("--m", type=int, required=True)
-    p.add_argument("--n", type=int, required=True)
-    p.add_argument("--k", type=int, required=True)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--dtype", default="bf16")
-    p.add_argument("--arch", default="sm90")
-    p.add_argument("--a-major", default="k", help="k (row-major A) or m")
-    p.add_argument("--b-major", default="k", help="k (nn.Linear weight) or n")
-    p.add_argument("--top-k", type=int, default=10, help="how many configs to show")
-    p.add_argument("--configs", metavar="FILE",
-                   help="JSON list of configs (quack GemmConfig field names) to rank instead of "
-                        "the whole valid space")
-    p.add_argument("--model", metavar="PATH", help="model file (default: the shipped one)")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_run)

@@ -36,9 +36,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from cutetune.space.device import device_for
-from cutetune.space.features import ideal_time_s
-from cutetune.space.problem import GemmProblem
+from ..space.device import device_for
+from ..space.features import ceiling_times_s, ideal_time_s
+from ..space.problem import GemmProblem
 
 # Inductor's kwargs that name a Triton mm config (the rest follow from dtype and shape).
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_stages", "num_warps")
@@ -51,6 +51,30 @@ NARROW_N = 2048
 # GPU-bound, their host time the launch queue filling up (data/bench/step_h200.json: per-launch
 # host times up to 2.4x the median).
 STEP_HOST_MAX_M = 256
+
+
+# Host time of one quack GEMM in a compiled step without CUDA graphs: the default step's host
+# time per GEMM plus what each quack GEMM added to the same step timed beside it in one process,
+# the larger of two H200 measurements: 25.2 + 15.8 us with two quack GEMMs of four at M=1
+# (data/bench/step_ab_h200_predicted_attn_m1.json), 37.0 + 10.7 us at M=1024
+# (data/bench/step_ab_h200_all_modes_m1024.json, where the quack kernels that Inductor's
+# benchmark picked made the step 14 % slower). A GEMM that cannot take longer than this on the
+# GPU gains nothing from a faster kernel where the step is host-bound, and loses the launch's
+# extra host time. Those launches went through quack's Python path; launched from its TVM-FFI
+# library a quack GEMM costs compiled code about what ATen's extern call does (-0.5 to +5.6
+# us), 9-12 us more than a Triton template's (data/bench/launch_probe_h200*.json.gz). So below
+# this size the choice stays the launch costs' one between templates and ATen: quack's GPU
+# gain over cuBLAS there (at most 2.4 us on the probed shapes) cannot pay for a template's
+# cheaper launch where the step waits on the host, and ATen matches its host cost.
+QUACK_LAUNCH_HOST_US = 48.0
+
+
+def host_bound(problem: GemmProblem, host_bound_us: float) -> tuple[float, bool] | None:
+    """(time at the device's ceiling in us, whether memory-bound) when even that ceiling runs
+    ``problem`` in under ``host_bound_us``; else None."""
+    compute_s, memory_s = ceiling_times_s(problem, device_for(problem.arch))
+    ideal_us = max(compute_s, memory_s) * 1e6
+    return (ideal_us, memory_s >= compute_s) if ideal_us < host_bound_us else None
 
 
 def config_key(kwargs: Mapping[str, int]) -> ConfigKey:
@@ -161,7 +185,7 @@ def group_key(majors: str, m: int, n: int) -> tuple[str, int, bool]:
 def fit(shapes: Iterable[SweepShape]) -> list[TritonPick]:
     """Per group (``group_key``): the config offered for every shape of the group with the
     best geomean of its time over each shape's fastest Triton time."""
-    from cutetune.models.evaluate import geomean  # (scipy: not for compile-time lookups)
+    from .evaluate import geomean  # (scipy: not for compile-time lookups)
 
     groups: dict[tuple[str, int, bool], list[SweepShape]] = {}
     for s in shapes:

@@ -10,7 +10,7 @@ import pytest
 
 from cutetune.cli import main
 from cutetune.space import enumerate_configs
-from cutetune.space.cli import space_counts
+from cutetune.commands.space import space_counts
 from cutetune.space.enumerate import AXES
 from cutetune.space.problem import GemmProblem
 

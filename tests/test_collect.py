@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from cutetune import dataset
+from cutetune.models import dataset
 from cutetune.space import GemmProblem, KernelConfig
-from cutetune.tuner.collect import collect
-from cutetune.tuner.workers import IsolatedPool
+from cutetune.tuner.measure.collect import collect
+from cutetune.tuner.measure.workers import IsolatedPool
 
 CRASH_TILE_N = 48
 HANG_TILE_N = 96
@@ -58,14 +58,14 @@ def _configs():
 def test_collect_isolates_failures_and_resumes(tmp_path, monkeypatch):
     import json
 
-    import cutetune.tuner.measure as measure_mod
+    import cutetune.tuner.measure.timing as measure_mod
 
     cfg_file = tmp_path / "configs.json"
     cfg_file.write_text(json.dumps([c.to_dict() for c in _configs()]))
     problems = [("t", GemmProblem(256, 512, 1024)), ("t", GemmProblem(64, 1024, 512))]
     out = tmp_path / "ds"
     # the hang is cut short by a small per-task timeout
-    monkeypatch.setattr("cutetune.tuner.executor.IsolatedPool",
+    monkeypatch.setattr("cutetune.tuner.measure.executor.IsolatedPool",
                         _with_timeout(IsolatedPool, 8.0))
     stats = collect(problems, str(cfg_file), str(out), compile_workers=2,
                     cache_dir=str(tmp_path / "cache"), measure_fn=fake_measure,
@@ -113,9 +113,9 @@ def test_dataset_append_is_atomic_and_checked(tmp_path):
 
 def test_tuner_gpu_session_reuses_its_workers(tmp_path, monkeypatch):
     """measure_configs keeps one executor: the second call compiles nothing again."""
-    from cutetune.tuner import gpu_session
-    from cutetune.tuner.executor import GpuExecutor
-    from cutetune.tuner.measure import TimingPolicy
+    from cutetune.tuner.measure.timing import gpu_session
+    from cutetune.tuner.measure.executor import GpuExecutor
+    from cutetune.tuner.measure.timing import TimingPolicy
 
     compiled = []
     ex = GpuExecutor("sm90", str(tmp_path / "cache"), 1, TimingPolicy(), measure_fn=fake_measure,
@@ -170,7 +170,7 @@ def test_committed_h200_datasets_load_with_the_schema_and_coverage():
 
 
 def test_launch_host_us_is_the_host_time_of_one_mm_launch():
-    from cutetune.tuner.measure import launch_host_us
+    from cutetune.tuner.measure.timing import launch_host_us
 
     us = launch_host_us(device="cpu", calls=20, rounds=3)
     assert 0.0 < us < 1e5  # a 16x16 mm: microseconds, not zero, not a stalled run
@@ -179,7 +179,7 @@ def test_launch_host_us_is_the_host_time_of_one_mm_launch():
 def test_kernel_cache_follows_cutetunes_cache_folder(tmp_path, monkeypatch):
     """The tuner's quack kernel cache: an explicit folder, else $QUACK_CACHE_DIR, else
     ``quack-kernels`` in cutetune's cache folder ($CUTETUNE_CACHE)."""
-    from cutetune.tuner.compile import kernel_cache_dir
+    from cutetune.tuner.kernels.compile import kernel_cache_dir
 
     monkeypatch.delenv("QUACK_CACHE_DIR", raising=False)
     monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path / "ct"))

@@ -8,9 +8,8 @@ import pytest
 
 from cutetune.space import KernelConfig, compile_keys, enumerate_configs, is_valid
 from cutetune.space.rules import CONFIG_RULES
-from cutetune.tuner.space_check import (CompileResult, compile_configs, compile_pool,
-                                        pick_rejected, pick_valid, rule_verdicts, run_check,
-                                        summarize)
+from cutetune.tuner.measure.space_check import (CompileResult, compile_configs, compile_pool,
+    pick_rejected, pick_valid, rule_verdicts, run_check, summarize)
 
 
 # ---------------------------------------------------------------- pure parts

@@ -12,8 +12,7 @@ import pytest
 from cutetune.space import GemmProblem, KernelConfig, enumerate_configs
 from cutetune.space.device import B200, DEVICES, H100_SXM, H200, device_for
 from cutetune.space.features import (CONFIG_FIELDS, DERIVED_NAMES, FEATURE_NAMES, RAW_NAMES,
-                                     config_columns, derived_features, feature_matrix,
-                                     problem_columns, problem_feature_matrix)
+    config_columns, derived_features, feature_matrix, problem_columns, problem_feature_matrix)
 from cutetune.space.rules import pipeline_stages
 
 SQUARE = GemmProblem(4096, 4096, 4096)

@@ -23,11 +23,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from cutetune import dataset
+from cutetune.models import dataset
 from cutetune.space import GemmProblem, KernelConfig
-from cutetune.tuner import fleet
-from cutetune.tuner.collect import configs_for, load_problems
-from cutetune.tuner.executor import GpuExecutor
+from cutetune.tuner.fleet.queue import queue as fleet
+from cutetune.tuner.measure.collect import configs_for, load_problems
+from cutetune.tuner.measure.executor import GpuExecutor
 from test_collect import COMPILE_FAIL_TILE_N, CRASH_TILE_N, fake_compile, fake_init, fake_measure
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from cutetune import dataset
+from cutetune.models import dataset
 from cutetune.space import GemmProblem, KernelConfig, quack_default_config
 
 pytestmark = pytest.mark.gpu
@@ -15,7 +15,7 @@ ABORT_TILE_N = 160  # the wrapper below kills its worker when it meets this conf
 
 
 def aborting_measure(task):
-    from cutetune.tuner.measure import measure
+    from cutetune.tuner.measure.timing import measure
 
     if any(c.tile_n == ABORT_TILE_N for c in task.configs):
         os.abort()
@@ -28,13 +28,13 @@ def gpu_worker(tmp_path_factory):
 
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    from cutetune.tuner.measure import init_gpu_worker
+    from cutetune.tuner.measure.timing import init_gpu_worker
 
     init_gpu_worker(str(tmp_path_factory.mktemp("quack-cache")))
 
 
 def test_quack_and_cublas_are_measured_correctly(gpu_worker):
-    from cutetune.tuner.measure import MeasureTask, measure
+    from cutetune.tuner.measure.timing import MeasureTask, measure
 
     p = GemmProblem(1024, 2048, 4096)
     configs = (quack_default_config("sm90"),
@@ -54,7 +54,7 @@ def test_quack_and_cublas_are_measured_correctly(gpu_worker):
 
 
 def test_unwritten_output_is_caught_by_the_poison_check(gpu_worker):
-    from cutetune.tuner.measure import MeasureTask, _buffers, _measure_one
+    from cutetune.tuner.measure.timing import MeasureTask, _buffers, _measure_one
 
     p = GemmProblem(256, 256, 256)
     task = MeasureTask(p, "test", ())
@@ -67,7 +67,7 @@ def test_collect_isolates_failures_hits_cache_and_resumes(tmp_path):
 
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    from cutetune.tuner.collect import collect
+    from cutetune.tuner.measure.collect import collect
 
     good = [KernelConfig(128, n, True, 1, 1, False, 8, 1, False) for n in (64, 128, 192)]
     aborting = KernelConfig(128, ABORT_TILE_N, True, 1, 1, False, 8, 1, False)

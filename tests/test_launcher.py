@@ -10,8 +10,8 @@ import torch
 
 from cutetune.space.config import KernelConfig, quack_default_config
 from cutetune.space.problem import GemmProblem, ProblemError
-from cutetune.tuner import launcher
-from cutetune.tuner.launcher import addend_kind, check_out, gemm_problem, quack_mm_out
+from cutetune.tuner.kernels import launcher
+from cutetune.tuner.kernels.launcher import addend_kind, check_out, gemm_problem, quack_mm_out
 
 BF16 = torch.bfloat16
 
@@ -238,10 +238,10 @@ def test_background_import_starts_once_and_logs_a_failure(monkeypatch, caplog):
 
 GPU_BLIND_LAUNCHES = textwrap.dedent("""
     import sys, torch
-    from cutetune.tuner.compile import configure_gpu_blind
+    from cutetune.tuner.kernels.compile import configure_gpu_blind
     configure_gpu_blind("sm90", sys.argv[1])
     from cutetune.space.config import KernelConfig, quack_default_config
-    from cutetune.tuner import launcher
+    from cutetune.tuner.kernels import launcher
     launcher.device_arch = lambda device: "sm90"
     bf = dict(dtype=torch.bfloat16)
     a, w, out = torch.randn(64, 256, **bf), torch.randn(512, 256, **bf), torch.empty(64, 512, **bf)
@@ -349,12 +349,12 @@ def test_gpu_unaligned_pointer_and_fp32_fall_back():
 
 BUILD_PLAIN_LIBRARIES = textwrap.dedent("""
     import json, sys
-    from cutetune.tuner.compile import configure_gpu_blind
+    from cutetune.tuner.kernels.compile import configure_gpu_blind
     arch = sys.argv[3]
     configure_gpu_blind(arch, sys.argv[1])
     from cutetune.space.config import KernelConfig
     from cutetune.space.problem import GemmProblem
-    from cutetune.tuner import gemm_library
+    from cutetune.tuner.kernels import library as gemm_library
     for fields, majors in json.loads(sys.argv[2]):
         problem = GemmProblem(256, 256, 256, a_major=majors[0], b_major=majors[1], arch=arch)
         gemm_library.build_library(problem, KernelConfig(**fields))
@@ -364,7 +364,7 @@ BUILD_PLAIN_LIBRARIES = textwrap.dedent("""
 LAUNCH_PLAIN_LIBRARIES = textwrap.dedent("""
     import json, sys, torch
     from cutetune.space.config import KernelConfig
-    from cutetune.tuner import launcher
+    from cutetune.tuner.kernels import launcher
     g = torch.Generator(device="cuda").manual_seed(0)
     out = {"via": [], "errors": []}
     for fields, majors in json.loads(sys.argv[1]):
@@ -404,7 +404,7 @@ def test_gpu_mm_runs_from_its_library_without_quack(tmp_path, run_script):
 PLAN_WITHOUT_QUACK = textwrap.dedent("""
     import json, sys, torch
     from cutetune.space.config import quack_default_config
-    from cutetune.tuner import launcher
+    from cutetune.tuner.kernels import launcher
     launcher.device_arch = lambda device: "sm90"
     bf = dict(dtype=torch.bfloat16)
     a, w, out = torch.randn(64, 256, **bf), torch.randn(512, 256, **bf), torch.empty(64, 512, **bf)
@@ -422,11 +422,11 @@ def test_a_call_is_planned_without_importing_quack(run_script):
 
 SIGNATURE_AGAINST_QUACK = textwrap.dedent("""
     import json, sys
-    from cutetune.tuner.compile import configure_gpu_blind, kernel_object_path
+    from cutetune.tuner.kernels.compile import configure_gpu_blind, kernel_object_path
     configure_gpu_blind("sm90", sys.argv[1])
     from cutetune.space.config import KernelConfig
     from cutetune.space.problem import GemmProblem
-    from cutetune.tuner import gemm_library
+    from cutetune.tuner.kernels import library as gemm_library
     out = []
     for fields, problem in json.loads(sys.argv[2]):
         config, problem = KernelConfig(**fields), GemmProblem(**problem)  # as a job line reads
@@ -452,12 +452,12 @@ def test_kernel_signature_finds_the_kernel_quacks_own_call_compiled(tmp_path, ru
 
 ROUTING_AGAINST_QUACK = textwrap.dedent("""
     import json, sys, torch
-    from cutetune.tuner.compile import configure_gpu_blind
+    from cutetune.tuner.kernels.compile import configure_gpu_blind
     configure_gpu_blind("sm90", sys.argv[1])
     import quack.gemm as qgemm
     from cutetune.space.config import KernelConfig
     from cutetune.space.problem import GemmProblem
-    from cutetune.tuner import aot, gemm_library, launcher
+    from cutetune.tuner.kernels import aot, library as gemm_library, launcher
 
     def views(*tensors):
         return [None if t is None else [list(t.shape), list(t.stride())] for t in tensors]

@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 
 from cutetune.cli import main
-from cutetune.dataset import append
+from cutetune.models.dataset import append
 from cutetune.models import CostModel, ModelError, load_model, shipped_model_path
 from cutetune.models.data import load_measurements
 from cutetune.models.predict import predict
 from cutetune.models.evaluate import (group_kfold, leave_family_out, relevance, score_problems,
-                                      summarize)
+    summarize)
 from cutetune.models.fallback import CublasFallback
 from cutetune.models.features import dataset_features
-from cutetune.models.heuristics import nvmmh_picks, quack_sm90_list
+from cutetune.models.baselines import nvmmh_picks, quack_sm90_list
 from cutetune.models.learners import BoosterModel
 from cutetune.models.train import TrainOptions, train
 from cutetune.space import GemmProblem, KernelConfig, enumerate_configs, is_valid, sample_configs

@@ -14,11 +14,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from cutetune.dataset import SCHEMA, SCHEMA_VERSION, append
+from cutetune.models.dataset import SCHEMA, SCHEMA_VERSION, append
 from cutetune.space import GemmProblem, KernelConfig, enumerate_configs
-from cutetune.tuner.backends import BENCH_OVERHEAD_S, ReplayBackend, ReplayError
-from cutetune.tuner.replay import exhaustive_problems, replay, replay_one, summarize, write_report
-from cutetune.tuner.tune import Budget
+from cutetune.tuner.search.backends import BENCH_OVERHEAD_S, ReplayBackend, ReplayError
+from cutetune.tuner.search.replay import (exhaustive_problems, replay, replay_one, summarize,
+    write_report)
+from cutetune.tuner.search.study import Budget
 
 PEAK_FLOPS, BANDWIDTH, SMS = 790e12, 4.3e12, 132
 

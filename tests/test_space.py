@@ -7,8 +7,7 @@ import dataclasses
 import pytest
 
 from cutetune.space import (CONFIG_RULES, PROBLEM_RULES, GemmProblem, KernelConfig, ProblemError,
-                            compile_keys, enumerate_configs, is_valid, quack_default_config,
-                            violations)
+    compile_keys, enumerate_configs, is_valid, quack_default_config, violations)
 from cutetune.space.enumerate import AXES, grid, sample_configs
 from cutetune.space.problem import ARCHES
 
@@ -172,7 +171,7 @@ def test_unknown_arch_is_a_problem_error():
 
 # ---------------------------------------------------------------- kernel layout / signature
 def test_kernel_layout_routes_swap_ab():
-    from cutetune.tuner.compile import kernel_layout
+    from cutetune.tuner.kernels.compile import kernel_layout
 
     p = GemmProblem(256, 512, 1024, a_major="m", b_major="k")
     plain = kernel_layout(p, KernelConfig(swap_ab=False))
@@ -191,7 +190,7 @@ def test_kernel_signature_matches_quacks_compile_gemm():
 
     from quack.gemm import _compile_gemm
 
-    from cutetune.tuner.compile import kernel_signature
+    from cutetune.tuner.kernels.compile import kernel_signature
 
     params = inspect.signature(inspect.unwrap(_compile_gemm)).parameters
     p = GemmProblem(256, 512, 1024, arch="sm100")

@@ -16,10 +16,12 @@ from torch._inductor.utils import run_and_get_code
 
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
-from cutetune.tuner import inductor as ci
-from cutetune.tuner import pointwise, prefetch, swiglu
-from cutetune.tuner.fusion_pass import SwigluFusionPass
-from cutetune.tuner.heuristics import PackagedHeuristics
+from cutetune.tuner.inductor import choices, decisions, feedback, install
+from cutetune.tuner.kernels import problems
+from cutetune.models import triton_mm as tmm
+from cutetune.tuner.kernels import pointwise, helper as prefetch, swiglu
+from cutetune.tuner.inductor.passes import SwigluFusionPass
+from cutetune.models.heuristics import PackagedHeuristics
 
 BF16 = torch.bfloat16
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -114,7 +116,7 @@ def test_a_dynamic_m_fuses_per_range_of_m_without_recompiling():
     assert f"extern_kernels.{swiglu.MM_SILU_MUL_BY_M_KERNEL}(" in "".join(code)
     assert asked == [2 ** i for i in range(16)]
     assert [(p.m, p.n, p.k, c) for p, c in fusion.fused] == [(64, 64, 32, PLAIN)]
-    table = ((45, None), (ci.launcher.M_UNBOUNDED, ci.launcher.config_tuple(PLAIN)))
+    table = ((45, None), (choices.launcher.M_UNBOUNDED, choices.launcher.config_tuple(PLAIN)))
     assert f"table={table!r}" in "".join(code)
 
 
@@ -123,10 +125,10 @@ def test_a_host_bound_rung_of_a_dynamic_m_fuses():
     (Inductor's pointwise kernel is one launch), but fused at a rung of a dynamic M, whose
     unfused path is launches of its own; above the host-bound limit both decide alike."""
     table = Table(SPLIT, PLAIN)
-    assert ci.decide_swiglu(P(16), table, 48.0) is None
-    assert ci.decide_swiglu(P(16), table, 48.0, dynamic_m=True) == PLAIN
-    assert ci.decide_swiglu(P(4096), table, 48.0) == PLAIN
-    assert ci.decide_swiglu(P(4096), table, 48.0, dynamic_m=True) == PLAIN
+    assert decisions.decide_swiglu(P(16), table, 48.0) is None
+    assert decisions.decide_swiglu(P(16), table, 48.0, dynamic_m=True) == PLAIN
+    assert decisions.decide_swiglu(P(4096), table, 48.0) == PLAIN
+    assert decisions.decide_swiglu(P(4096), table, 48.0, dynamic_m=True) == PLAIN
 
 
 class Measured(Table):
@@ -147,12 +149,12 @@ def test_a_host_bound_static_up_projection_fuses_only_where_the_gpu_measured_it(
     stays unfused. A dynamic M's rung takes the measurement where there is one too."""
     fast = KernelConfig(tile_m=64, tile_n=128, pingpong=False, cluster_m=1, cluster_n=1)
     table = Measured({P(16): fast, P(128): None}, SPLIT, PLAIN)
-    assert ci.decide_swiglu(P(16), table, 48.0) == fast
-    assert ci.decide_swiglu(P(128), table, 48.0) is None
-    assert ci.decide_swiglu(P(1), table, 48.0) is None
-    assert ci.decide_swiglu(P(1), table, 48.0, dynamic_m=True) == PLAIN
-    assert ci.decide_swiglu(P(128), table, 48.0, dynamic_m=True) is None
-    assert ci.decide_swiglu(P(16), table, 48.0, dynamic_m=True) == fast
+    assert decisions.decide_swiglu(P(16), table, 48.0) == fast
+    assert decisions.decide_swiglu(P(128), table, 48.0) is None
+    assert decisions.decide_swiglu(P(1), table, 48.0) is None
+    assert decisions.decide_swiglu(P(1), table, 48.0, dynamic_m=True) == PLAIN
+    assert decisions.decide_swiglu(P(128), table, 48.0, dynamic_m=True) is None
+    assert decisions.decide_swiglu(P(16), table, 48.0, dynamic_m=True) == fast
 
 
 DYNAMIC_M_FRESH_PROCESS = """
@@ -160,7 +162,7 @@ import json, torch, torch.nn.functional as F
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
 from cutetune.space.config import KernelConfig
-from cutetune.tuner.fusion_pass import SwigluFusionPass
+from cutetune.tuner.inductor.passes import SwigluFusionPass
 g = torch.Generator().manual_seed(0)
 wg, wu, wd = (torch.randn(s, generator=g, dtype=torch.bfloat16) / 8
               for s in ((64, 32), (64, 32), (32, 64)))
@@ -206,7 +208,7 @@ def _reload_from_the_fx_graph_cache(run_script, script: str, tmp_path, kernel: s
 
 
 def test_the_by_m_op_fuses_the_range_that_holds_m():
-    table = ((4, None), (ci.launcher.M_UNBOUNDED, PLAIN))
+    table = ((4, None), (choices.launcher.M_UNBOUNDED, PLAIN))
     for m in (3, 8):
         a, b, gate = torch.randn(m, 16), torch.randn(16, 4), torch.randn(m, 4)
         torch.testing.assert_close(
@@ -267,14 +269,14 @@ def test_the_packaged_weighing_templates_the_llama_mlps_up_projection_where_host
         return torch.mm(F.silu(torch.mm(x, wg.t())) * torch.mm(x, wu.t()), wd.t())
 
     heuristics = PackagedHeuristics()
-    installation = ci.enable("predicted")  # the installed pass asks the same weighing
+    installation = install.enable("predicted")  # the installed pass asks the same weighing
     try:
         installed = inductor_config.post_grad_custom_post_pass.templated
         for m, templated in ((1, True), (16, True), (128, True), (256, False), (2048, False)):
             args = [torch.empty(s, dtype=BF16, device="meta")
                     for s in ((m, 4096), (14336, 4096), (14336, 4096), (4096, 14336))]
             graph = make_fx(mlp)(*args).graph
-            gemms, takers = ci.triton_takers(graph, "sm90", heuristics)
+            gemms, takers = decisions.triton_takers(graph, "sm90", heuristics)
             assert (P(m) in takers) is templated is (P(m) in installed(graph, "sm90"))
             assert len(gemms) == (3 if templated else 0)
     finally:
@@ -357,16 +359,16 @@ def test_enable_installs_the_pass_and_restores_the_users():
     prev = inductor_config.post_grad_custom_post_pass
     inductor_config.post_grad_custom_post_pass = user
     try:
-        with ci.enable("predicted"):
+        with install.enable("predicted"):
             installed = inductor_config.post_grad_custom_post_pass
             assert isinstance(installed, SwigluFusionPass) and installed.user_pass is user
-            with ci.enable("reduced", prefetch=False):  # nested: wraps the user's, not ours
+            with install.enable("reduced", prefetch=False):  # nested: wraps the user's, not ours
                 assert inductor_config.post_grad_custom_post_pass.user_pass is user
             assert inductor_config.post_grad_custom_post_pass is installed
-            with ci.enable("off"):
+            with install.enable("off"):
                 assert inductor_config.post_grad_custom_post_pass is user
         assert inductor_config.post_grad_custom_post_pass is user
-        with ci.enable("predicted", fuse_swiglu=False):
+        with install.enable("predicted", fuse_swiglu=False):
             assert inductor_config.post_grad_custom_post_pass is user
     finally:
         inductor_config.post_grad_custom_post_pass = prev
@@ -397,7 +399,7 @@ def test_the_packaged_heuristics_fuse_the_llama_mlp_where_the_gpu_said_so():
     for name in ("swiglu_h200.json", "swiglu_small_h200.json"):
         bench = json.loads((DATA / "bench" / name).read_text())
         measured.update(swiglu.measured_fusions(bench, "sm90", "bf16"))
-    installation = ci.enable("predicted")
+    installation = install.enable("predicted")
     try:
         decide = inductor_config.post_grad_custom_post_pass.decide
         for m in (1, 16, 128, 2048, 4096, 8192):
@@ -431,7 +433,7 @@ def test_measured_fusions_take_the_fastest_fused_config_that_beats_the_default()
 def test_heuristics_file_carries_the_measured_fusions(tmp_path):
     """Round trip through the file; a measured problem's answer (a config, or None) wins over
     the rule; a corrupt entry is named."""
-    from cutetune.tuner import heuristics as hz
+    from cutetune.models import heuristics as hz
 
     class Model:
         def rank(self, problem, configs=None, top_k=None):
@@ -549,7 +551,7 @@ def test_calls_run_aten_while_the_helper_builds_the_library(monkeypatch, caplog)
         swiglu._plans.clear()
         calls.clear()
         state[key] = "pending"
-        with caplog.at_level("INFO", logger="cutetune.tuner.swiglu"):
+        with caplog.at_level("INFO", logger="cutetune.tuner.kernels.swiglu"):
             caplog.clear()
             for _ in range(3):
                 swiglu.quack_mm_silu_mul_out(a, b, gate, out, PLAIN)
@@ -585,11 +587,11 @@ def test_custom_op_config_round_trips():
 
 BUILD_GPU_BLIND = """
 import json, sys
-from cutetune.tuner.compile import configure_gpu_blind
+from cutetune.tuner.kernels.compile import configure_gpu_blind
 configure_gpu_blind("sm90", sys.argv[1])
 import torch
 from cutetune.space.config import KernelConfig
-from cutetune.tuner import swiglu
+from cutetune.tuner.kernels import swiglu
 out = []
 for fields, majors in json.loads(sys.argv[2]):
     try:
@@ -602,12 +604,12 @@ print(json.dumps(out))
 
 BUILD_TWICE = """
 import json, os, sys
-from cutetune.tuner.compile import configure_gpu_blind
+from cutetune.tuner.kernels.compile import configure_gpu_blind
 configure_gpu_blind("sm90", sys.argv[1])
 import torch
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
-from cutetune.tuner import aot, gemm_library, swiglu
+from cutetune.tuner.kernels import aot, library as gemm_library, swiglu
 config, problem = KernelConfig(tile_m=128, tile_n=128, pingpong=False), GemmProblem(256, 512, 1024)
 out = []
 for folder in sys.argv[2:]:
@@ -621,7 +623,7 @@ print(json.dumps(out))
 
 LOAD_WITHOUT_CUTLASS = """
 import json, sys, torch, tvm_ffi
-from cutetune.tuner import aot
+from cutetune.tuner.kernels import aot
 meta = json.loads(aot.library_paths(sys.argv[1])[1].read_text())
 fn = tvm_ffi.load_module(str(aot.library_paths(sys.argv[1])[0]))[meta["function"]]
 a = torch.empty(256, 128, dtype=torch.bfloat16)
@@ -653,7 +655,7 @@ def test_fused_kernel_builds_gpu_blind_into_a_library_that_loads_without_cutlass
     fresh process loads each library with tvm_ffi alone (no cutlass, no quack) and reaches the
     kernel's own argument checks: a CPU tensor is refused for want of a GPU. Written as a
     package of object files, they link into another cache folder and load the same way."""
-    from cutetune.tuner import aot
+    from cutetune.tuner.kernels import aot
 
     monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path / "cutetune"))
     jobs = [(KernelConfig(tile_m=128, tile_n=192, pingpong=True, cluster_m=2), ("k", "k")),
@@ -686,9 +688,9 @@ def test_shipped_kernels_match_the_table_and_install_only_where_built(tmp_path, 
     an environment that built them links each, any other none."""
     import zipfile
 
-    from cutetune.tuner import aot
-    from cutetune.tuner.heuristics import Heuristics, default_path
-    from cutetune.tuner.prebuild import fused_kernels
+    from cutetune.tuner.kernels import aot
+    from cutetune.models.heuristics import Heuristics, default_path
+    from cutetune.tuner.kernels.prebuild import fused_kernels
 
     monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path))
     with zipfile.ZipFile(aot.PACKAGE) as z:
@@ -712,7 +714,7 @@ def test_shipped_kernels_match_the_table_and_install_only_where_built(tmp_path, 
 
 
 def test_a_corrupt_package_is_reported_and_costs_nothing(tmp_path, monkeypatch, caplog):
-    from cutetune.tuner import aot
+    from cutetune.tuner.kernels import aot
 
     monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path / "cache"))
     bad = tmp_path / "kernels.zip"
@@ -727,7 +729,7 @@ def test_the_prebuilt_kernels_can_be_named_or_turned_off(tmp_path, monkeypatch, 
     """CUTETUNE_FUSED_KERNELS names the zip first uses link from (a deployment's own
     `cutetune prebuild --package`); empty turns the shipped one off; a name that is not a
     file is reported and costs nothing."""
-    from cutetune.tuner import aot
+    from cutetune.tuner.kernels import aot
 
     monkeypatch.delenv("CUTETUNE_FUSED_KERNELS", raising=False)
     assert aot.packaged_kernels() == aot.PACKAGE
@@ -749,7 +751,7 @@ def test_a_corrupt_library_is_reported_and_the_call_goes_through_quack(tmp_path,
     """A library whose shared object does not load (here: not an ELF file) or whose launch
     arguments are not JSON raises AotError naming its file, and the first launch leaves it
     for quack's path with a warning, and removes it to be built again."""
-    from cutetune.tuner import aot
+    from cutetune.tuner.kernels import aot
 
     monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path))
     so, meta = aot.library_paths("k1")
@@ -867,7 +869,7 @@ def test_gpu_fused_kernel_runs_from_its_library_without_quack(tmp_path, monkeypa
     assert max(got["errors"]) < 1e-2, got
     from quack.cute_dsl_utils import get_max_active_clusters
 
-    from cutetune.tuner import aot
+    from cutetune.tuner.kernels import aot
 
     for size in (1, 2, 4):
         assert aot.max_active_clusters(torch.device("cuda"), size) == \
@@ -877,7 +879,7 @@ def test_gpu_fused_kernel_runs_from_its_library_without_quack(tmp_path, monkeypa
 LAUNCH_FROM_LIBRARIES = """
 import json, sys, torch, torch.nn.functional as F
 from cutetune.space.config import KernelConfig
-from cutetune.tuner import swiglu
+from cutetune.tuner.kernels import swiglu
 out = {"via": [], "errors": []}
 torch.manual_seed(0)
 for i, fields in enumerate(json.loads(sys.argv[1])):
@@ -924,7 +926,7 @@ def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048(cold_llama_mlp):
     it at once."""
     from torch._inductor.utils import fresh_cache
 
-    from cutetune.tuner import aot
+    from cutetune.tuner.kernels import aot
 
     mlp, x = cold_llama_mlp
     def err(out, ref):
@@ -934,7 +936,7 @@ def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048(cold_llama_mlp):
     for _ in range(2):
         torch._dynamo.reset()
         swiglu._plans.clear()
-        with torch.no_grad(), fresh_cache(), ci.enable("predicted"):
+        with torch.no_grad(), fresh_cache(), install.enable("predicted"):
             compiled = torch.compile(mlp)
             out, code = run_and_get_code(compiled, x)
             ref = mlp(x)
@@ -942,8 +944,8 @@ def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048(cold_llama_mlp):
             assert err(out, ref) < 2e-2
             first = {p.via for p in swiglu._plans.values()}
             if aot.can_link():
-                ci.shared_prefetcher("sm90").wait(timeout=300)
-                assert ci.shared_prefetcher("sm90").failures() == {}
+                install.shared_prefetcher("sm90").wait(timeout=300)
+                assert install.shared_prefetcher("sm90").failures() == {}
             assert err(compiled(x), ref) < 2e-2
             vias.append((first, {p.via for p in swiglu._plans.values()}))
     if aot.can_link():  # the helper may win the race with the first call, rarely
@@ -962,18 +964,18 @@ def test_gpu_predicted_mode_fuses_a_dynamic_m_per_range(cold_llama_mlp):
     from torch._dynamo.utils import counters
     from torch._inductor.utils import fresh_cache
 
-    from cutetune.tuner import aot
+    from cutetune.tuner.kernels import aot
 
     mlp, x = cold_llama_mlp
     torch._dynamo.mark_dynamic(x, 0)
     torch._dynamo.reset()
     counters.clear()
-    with torch.no_grad(), fresh_cache(), ci.enable("predicted"):
+    with torch.no_grad(), fresh_cache(), install.enable("predicted"):
         compiled = torch.compile(mlp)
         code = "".join(run_and_get_code(compiled, x)[1])
         if aot.can_link():
-            ci.shared_prefetcher("sm90").wait(timeout=300)
-            assert ci.shared_prefetcher("sm90").failures() == {}
+            install.shared_prefetcher("sm90").wait(timeout=300)
+            assert install.shared_prefetcher("sm90").failures() == {}
         for m in (100, 512, 1024, 2048, 3000):
             xm = torch.randn(m, 4096, device="cuda", dtype=BF16)
             out, ref = compiled(xm), mlp(xm)
@@ -992,7 +994,7 @@ def test_gpu_fused_mlp_replays_under_cuda_graphs(cold_llama_mlp):
     the library is built, a new compile records the library's launch; both replay right."""
     from torch._inductor.utils import fresh_cache
 
-    from cutetune.tuner import aot
+    from cutetune.tuner.kernels import aot
 
     if not aot.can_link():
         pytest.skip("no C compiler to link the kernel's library")
@@ -1003,7 +1005,7 @@ def test_gpu_fused_mlp_replays_under_cuda_graphs(cold_llama_mlp):
     for _ in range(2):
         torch._dynamo.reset()
         swiglu._plans.clear()
-        with torch.no_grad(), fresh_cache(), ci.enable("predicted"):
+        with torch.no_grad(), fresh_cache(), install.enable("predicted"):
             compiled = torch.compile(mlp, mode="reduce-overhead")
             code = run_and_get_code(compiled, x)[1]
             assert f"extern_kernels.{swiglu.MM_SILU_MUL_KERNEL}(" in "".join(code)
@@ -1011,21 +1013,23 @@ def test_gpu_fused_mlp_replays_under_cuda_graphs(cold_llama_mlp):
                 out = compiled(x).float()
                 assert ((out - ref).norm() / ref.norm()).item() < 2e-2
             vias.append({p.via for p in swiglu._plans.values()})
-            ci.shared_prefetcher("sm90").wait(timeout=300)
-            assert ci.shared_prefetcher("sm90").failures() == {}
+            install.shared_prefetcher("sm90").wait(timeout=300)
+            assert install.shared_prefetcher("sm90").failures() == {}
     assert vias[0] <= {None, "library"} and vias[1] == {"library"}
 
 
 FRESH_PROCESS = """
 import json, torch, torch.nn.functional as F
 from torch._dynamo.utils import counters
-from cutetune.tuner import inductor as ci
+from cutetune.tuner.inductor import choices, decisions, feedback, install
+from cutetune.tuner.kernels import problems
+from cutetune.models import triton_mm as tmm
 torch.manual_seed(0)
 lin = lambda i, o: torch.nn.Linear(i, o, bias=False).cuda().to(torch.bfloat16)
 gate, up, down = lin(4096, 14336), lin(4096, 14336), lin(14336, 4096)
 mlp = lambda x: down(F.silu(gate(x)) * up(x))
 x = torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16)
-with torch.no_grad(), ci.enable("predicted"):
+with torch.no_grad(), install.enable("predicted"):
     out = torch.compile(mlp)(x)
     ref = mlp(x)
 print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"]
@@ -1048,8 +1052,8 @@ def test_gpu_fused_mlp_reloads_from_the_fx_graph_cache_in_a_fresh_process(tmp_pa
 def test_prebuild_lists_the_shipped_tables_fused_kernels_once_each():
     """``cutetune prebuild`` builds one library per distinct fused kernel of the shipped
     SwiGLU table (its keys parse back into the table's problems; none splits K)."""
-    from cutetune.tuner.heuristics import Heuristics, default_path
-    from cutetune.tuner.prebuild import fused_kernels
+    from cutetune.models.heuristics import Heuristics, default_path
+    from cutetune.tuner.kernels.prebuild import fused_kernels
 
     h = Heuristics.load(default_path("sm90", "bf16"))
     kernels = fused_kernels(h)
@@ -1065,7 +1069,7 @@ def test_a_missing_compiler_is_reported_and_costs_nothing(tmp_path, monkeypatch,
     kernel unbuilt with a warning naming the command, and nothing half-written."""
     import zipfile
 
-    from cutetune.tuner import aot
+    from cutetune.tuner.kernels import aot
 
     monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))

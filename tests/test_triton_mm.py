@@ -9,13 +9,14 @@ import json
 import pytest
 
 from cutetune.models.triton_mm import (CONFIG_KEYS, NARROW_N, LaunchCosts, RetimedShape,
-                                       StepHostCosts, TritonTable, fit, fit_launch_costs,
-                                       gpu_features, holdout, load_retimed, load_sweep, m_bucket,
-                                       step_host_us)
+    StepHostCosts, TritonTable, fit, fit_launch_costs, gpu_features, holdout, load_retimed,
+    load_sweep, m_bucket, step_host_us)
 from cutetune.space.device import device_for
 from cutetune.space.problem import GemmProblem
-from cutetune.tuner import inductor as ci
-from cutetune.tuner.heuristics import Grid, Heuristics, HeuristicsError, predicted_triton_shapes
+from cutetune.tuner.inductor import choices, decisions, feedback, install
+from cutetune.tuner.kernels import problems
+from cutetune.models import triton_mm as tmm
+from cutetune.models.heuristics import Grid, Heuristics, HeuristicsError, predicted_triton_shapes
 
 X = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 8, "num_stages": 5, "num_warps": 2}
 Y = {**X, "BLOCK_N": 64, "num_warps": 4}
@@ -358,26 +359,26 @@ def test_decide_gives_the_tables_config_in_predicted_mode(tmp_path):
     reduced mode benchmarks Inductor's Triton list unless the table's retime measured the
     shape: then it takes the config that ran it fastest, as predicted mode does."""
     h = heuristics_with(TritonTable.from_sweep(load_sweep(write(tmp_path / "s", ROWS))))
-    limit = ci.QUACK_LAUNCH_HOST_US
+    limit = decisions.QUACK_LAUNCH_HOST_US
     p = GemmProblem(4, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")
-    d = ci.decide(p, "predicted", h, 1, limit)
+    d = decisions.decide(p, "predicted", h, 1, limit)
     assert d.leave and d.aten and not d.triton and dict(d.triton_config) == Y
-    d = ci.decide(p, "reduced", h, 5, limit)
+    d = decisions.decide(p, "reduced", h, 5, limit)
     assert d.leave and d.triton and d.triton_config == ()
     compute_bound = GemmProblem(1024, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")
-    assert ci.decide(compute_bound, "predicted", h, 1, limit).triton_config == ()
+    assert decisions.decide(compute_bound, "predicted", h, 1, limit).triton_config == ()
     no_table = GemmProblem(64, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")
-    assert ci.decide(no_table, "predicted", h, 1, limit) == ci.NodeDecision(
-        (), True, ci.decide(no_table, "predicted", h, 1, limit).reason, leave=True)
-    assert ci.decide(no_table, "reduced", h, 5, limit).triton
+    assert decisions.decide(no_table, "predicted", h, 1, limit) == decisions.NodeDecision(
+        (), True, decisions.decide(no_table, "predicted", h, 1, limit).reason, leave=True)
+    assert decisions.decide(no_table, "reduced", h, 5, limit).triton
     h.triton.costs = LaunchCosts(30.0, 20.0, (0.0, 1.0, 0.0), (0.0, 1.1, 0.0), (1.0, 1.0),
                                  (RetimedShape(p, key(Z), 20.0, 19.0, "sweep_2"),))
     for mode in ("predicted", "reduced"):
-        d = ci.decide(p, mode, h, 5, limit)
+        d = decisions.decide(p, mode, h, 5, limit)
         assert d.leave and not d.triton and dict(d.triton_config) == Z, mode
     other = GemmProblem(8, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")  # not retimed
-    assert dict(ci.decide(other, "predicted", h, 1, limit).triton_config) == Y
-    d = ci.decide(other, "reduced", h, 5, limit)
+    assert dict(decisions.decide(other, "predicted", h, 1, limit).triton_config) == Y
+    d = decisions.decide(other, "reduced", h, 5, limit)
     assert d.triton and d.triton_config == ()
 
 
@@ -397,7 +398,7 @@ def test_cli_emit_adds_the_triton_table(tmp_path, monkeypatch, capsys):
             kwargs.update(m=(1,), n=(16,), k=(16,))
         return Grid(*args, **kwargs)
 
-    monkeypatch.setattr("cutetune.tuner.heuristics.Grid", grid)
+    monkeypatch.setattr("cutetune.models.heuristics.Grid", grid)
     sweep = write(tmp_path / "s.jsonl", ROWS)
     out = tmp_path / "h.json"
     assert main(["emit", "--model", str(model_file), "--out", str(out),
@@ -451,7 +452,7 @@ def test_packaged_heuristics_weigh_each_dtype_by_its_own_file(monkeypatch):
     """A graph mixing bf16 and fp16 mm: each file weighs its own dtype's GEMMs (one file
     asked about the other's would refuse them, and the graph would lose every Triton
     config)."""
-    from cutetune.tuner.heuristics import PackagedHeuristics
+    from cutetune.models.heuristics import PackagedHeuristics
 
     class File:
         def __init__(self, dtype):

@@ -8,12 +8,12 @@ import optuna
 import pytest
 
 from cutetune.cli import main
-from cutetune.dataset import append
+from cutetune.models.dataset import append
 from cutetune.space import GemmProblem, enumerate_configs, is_valid
-from cutetune.tuner.backends import GpuBackend, ReplayBackend
-from cutetune.tuner.strategies import (STRATEGIES, ModelGuidedSampler, RankedTimes,
-                                       SpaceEncoding, make_sampler)
-from cutetune.tuner.tune import Budget, open_storage, open_study, tune_study
+from cutetune.tuner.search.backends import GpuBackend, ReplayBackend
+from cutetune.tuner.search.samplers import (STRATEGIES, ModelGuidedSampler, RankedTimes,
+    SpaceEncoding, make_sampler)
+from cutetune.tuner.search.study import Budget, open_storage, open_study, tune_study
 from test_replay import ModelLikeScorer, synthetic_table
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -159,8 +159,8 @@ def test_cli_gpu_path_reports_cublas_and_appends(tmp_path, capsys, monkeypatch):
     a cuBLAS measurement, appends every row to the dataset and writes a --results line."""
     import json
 
-    from cutetune.dataset import load
-    from cutetune.tuner import gpu_session
+    from cutetune.models.dataset import load
+    from cutetune.tuner.measure.timing import gpu_session
 
     table = synthetic_table([PROBLEM])
     rows = {r["config_key"]: r for r in table.to_pylist()}
@@ -189,8 +189,8 @@ def test_gpu_cli_tunes_on_the_gpu(tmp_path, capsys):
     every row lands in the dataset with the results line."""
     import json
 
-    from cutetune.dataset import load
-    from cutetune.tuner.gpu_session import COMPILE_WORKERS
+    from cutetune.models.dataset import load
+    from cutetune.tuner.measure.gpu_session import COMPILE_WORKERS
 
     assert COMPILE_WORKERS == 2
     assert main(["tune", "--m", "2048", "--n", "2048", "--k", "2048", "--trials", "6",

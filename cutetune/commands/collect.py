@@ -1,0 +1,45 @@
+"""`cutetune collect`: measure problems x configs on the GPU into a dataset, on this host or as
+a fleet sharing one queue (``tuner/measure/collect.py``, ``tuner/fleet/``)."""
+
+from __future__ import annotations
+
+from ..tuner.measure.collect import collect, load_problems
+from ..tuner.measure.timing import TimingPolicy
+from ..tuner.measure.collect import __doc__ as DOC
+from . import fleet as fleet_cli
+
+
+def register(sub) -> None:
+    p = sub.add_parser("collect", help="measure problems x configs on the GPU into a dataset",
+                       description=DOC)
+    p.add_argument("--problems", default="train",
+                   help="suite (llm, random, train, exhaustive; 'a+b' joins) or a JSON file")
+    p.add_argument("--configs", default="sample:150",
+                   help="'all' valid configs, 'sample:N' per problem, or a JSON file of configs")
+    p.add_argument("--out", default="data/h200_bf16", help="dataset folder (appended, resumable)")
+    p.add_argument("--arch", default="sm90", choices=("sm90", "sm100"))
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit-problems", type=int, default=None, metavar="N",
+                   help="only the first N problems of the suite")
+    p.add_argument("--time-budget", type=float, default=1e9, metavar="S",
+                   help="stop handing out new work after S seconds (resume later)")
+    p.add_argument("--compile-workers", type=int, default=None)
+    p.add_argument("--cache-dir", default=None, help="quack kernel cache (QUACK_CACHE_DIR)")
+    p.add_argument("--target-ms", type=float, default=TimingPolicy.target_ms,
+                   help="timed GPU milliseconds per measurement (sets the repeats)")
+    p.add_argument("--stats", default=None, help="write throughput stats JSON here")
+    fleet_cli.add_arguments(p)
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    if fleet_cli.requested(args):
+        from ..tuner.fleet.run import run_fleet
+
+        return run_fleet(args)
+    problems = load_problems(args.problems, args.dtype, args.arch, args.seed)[:args.limit_problems]
+    collect(problems, args.configs, args.out, seed=args.seed, time_budget_s=args.time_budget,
+            compile_workers=args.compile_workers, cache_dir=args.cache_dir,
+            policy=TimingPolicy(target_ms=args.target_ms), stats_path=args.stats)
+    return 0

@@ -1,0 +1,84 @@
+"""`cutetune train`: train and evaluate the cost model on a dataset, write the model file and
+its report (``models/train.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from ..models.artifact import CostModel
+from ..models.data import dataset_sha256, load_measurements
+from ..models.dataset import DatasetError
+from ..models.train import Evaluation, TrainOptions, train
+
+
+
+def run(dataset: str | os.PathLike, out: str | os.PathLike, report_dir: str | os.PathLike | None,
+        options: TrainOptions) -> tuple[CostModel, Evaluation]:
+    """Train on a dataset folder, write the model file and (when asked) the report."""
+    from ..models.report import write_report
+
+    digest = dataset_sha256(dataset)
+    data = load_measurements(dataset)
+    if dataset_sha256(dataset) != digest:
+        raise DatasetError(f"dataset {dataset} changed while it was read; run again")
+    model, ev = train(data, options)
+    model.metadata["trained_on"]["dataset"] = str(dataset)
+    model.metadata["trained_on"]["sha256"] = digest
+    path = model.save(out)
+    print(f"wrote {path} ({ev.chosen}, {ev.problems} problems, {ev.rows} rows)")
+    if report_dir is not None:
+        print(f"wrote {write_report(ev, Path(report_dir), model.metadata)}")
+    s = ev.cv_summary[ev.chosen]["all"]
+    print(f"held-out ({options.folds}-fold CV): top-1 geomean {s['top1_geomean']:.3f}, "
+          f"P10 {s['top1_p10']:.3f}, best-of-top-5 {s['top5_geomean']:.3f}, "
+          f"vs cuBLAS {s['vs_cublas_geomean']:.3f}x")
+    return model, ev
+
+
+def add_arguments(p: argparse.ArgumentParser, dataset: str | None = None, out: str | None = None,
+                  report: str | None = None) -> None:
+    """The train options; ``dataset``/``out``/``report`` given make those arguments optional."""
+    d = TrainOptions()
+    p.add_argument("dataset", nargs="?" if dataset else None, default=dataset,
+                   help="dataset folder of Parquet parts (cutetune collect output)"
+                        + (f" (default {dataset})" if dataset else ""))
+    p.add_argument("--out", required=out is None, default=out, help="model file to write (JSON)"
+                   + (f" (default {out})" if out else ""))
+    p.add_argument("--report", metavar="DIR", default=report,
+                   help="write the evaluation report here" + (f" (default {report})" if report else ""))
+    p.add_argument("--folds", type=int, default=d.folds)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--trees", type=int, default=d.n_estimators)
+    p.add_argument("--depth", type=int, default=d.max_depth)
+    p.add_argument("--objectives", default=",".join(d.objectives),
+                   help="XGBoost objectives to try, comma-separated (regression is always kept: "
+                        "it is the time model)")
+    p.add_argument("--no-baselines", action="store_true", help="skip the baseline methods")
+    p.add_argument("--no-family-out", action="store_true",
+                   help="skip the leave-one-family-out evaluation")
+    p.add_argument("--fallback-quantile", type=float, default=d.fallback_quantile)
+    p.add_argument("--threads", type=int, default=d.threads, help="threads per model fit")
+
+
+def options_from(args: argparse.Namespace) -> TrainOptions:
+    objectives = tuple(dict.fromkeys(["regression"] + [o.strip() for o in args.objectives.split(",")
+                                                       if o.strip()]))
+    if not 0.0 < args.fallback_quantile < 1.0:
+        raise ValueError(f"--fallback-quantile must be in (0, 1), got {args.fallback_quantile}")
+    return TrainOptions(folds=args.folds, seed=args.seed, n_estimators=args.trees,
+                        max_depth=args.depth, objectives=objectives,
+                        baselines=not args.no_baselines, family_out=not args.no_family_out,
+                        fallback_quantile=args.fallback_quantile, threads=args.threads)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train and evaluate the cost model on a dataset")
+    add_arguments(p)
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    run(args.dataset, args.out, args.report, options_from(args))
+    return 0

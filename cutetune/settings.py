@@ -1,0 +1,107 @@
+"""Every setting cutetune reads from the environment, in one place.
+
+Values are read when asked for, not at import: tests and users may set them at any time before
+the call that needs them. The README's settings table lists the same variables.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+MODES = ("predicted", "reduced", "off")
+
+# variable -> (default, meaning); the README's table is written from this
+VARIABLES = {
+    "CUTETUNE_MODE": ("off", "torch.compile mode installed by enable_from_env(): predicted, "
+                             "reduced or off (case-insensitive)"),
+    "CUTETUNE_TOPK": ("5", "reduced mode: quack configs benchmarked per GEMM"),
+    "CUTETUNE_MODEL": ("the packaged heuristics", "heuristics file for torch.compile"),
+    "CUTETUNE_FEEDBACK": ("none", "reduced mode: dataset folder receiving Inductor's timings"),
+    "CUTETUNE_FUSE_SWIGLU": ("1", "fuse silu(gate) * up into one quack GEMM where measured faster"),
+    "CUTETUNE_CACHE": ("$XDG_CACHE_HOME/cutetune or ~/.cache/cutetune", "cutetune's cache folder"),
+    "CUTETUNE_TEMPLATE_CACHE_DIR": ("<cache>/triton-templates",
+                                    "Triton template kernels kept across processes"),
+    "CUTETUNE_FUSED_KERNELS": ("the packaged fused_kernels.zip",
+                               "prebuilt fused-kernel objects (cutetune prebuild --package)"),
+    "QUACK_CACHE_DIR": ("<cache>/quack-kernels (the tuner)", "quack's on-disk kernel cache"),
+    "QUACK_CACHE_ENABLED": ("1", "0: quack keeps no disk cache (the compile helper then idles)"),
+}
+
+
+def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
+def parse_mode(text: str, variable: str | None = None) -> str:
+    """One rule for mode names, for ``enable(mode=...)`` and CUTETUNE_MODE alike: any case,
+    surrounding spaces ignored."""
+    mode = str(text).strip().lower()
+    if mode not in MODES:
+        where = f"{variable}={text!r}" if variable else f"unknown cutetune mode {text!r}"
+        raise ValueError(f"{where}; expected one of {', '.join(MODES)}")
+    return mode
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """What ``enable_from_env`` installs."""
+
+    mode: str
+    top_k: int | None
+    model: str | None
+    feedback: str | None
+    fuse_swiglu: bool
+
+
+def compile_settings(environ: Mapping[str, str] | None = None) -> CompileSettings:
+    env = _env(environ)
+    raw = env.get("CUTETUNE_MODE", "").strip()
+    mode = parse_mode(raw, "CUTETUNE_MODE") if raw else "off"
+    top_k = None
+    if env.get("CUTETUNE_TOPK", "").strip():
+        try:
+            top_k = int(env["CUTETUNE_TOPK"])
+        except ValueError:
+            raise ValueError(f"CUTETUNE_TOPK={env['CUTETUNE_TOPK']!r} is not an integer") from None
+    fuse = env.get("CUTETUNE_FUSE_SWIGLU", "").strip() or "1"
+    if fuse not in ("0", "1"):
+        raise ValueError(f"CUTETUNE_FUSE_SWIGLU={env['CUTETUNE_FUSE_SWIGLU']!r}; expected 0 or 1")
+    return CompileSettings(mode, top_k, env.get("CUTETUNE_MODEL") or None,
+                           env.get("CUTETUNE_FEEDBACK") or None, fuse == "1")
+
+
+def cache_dir() -> Path:
+    """cutetune's cache folder: $CUTETUNE_CACHE, else cutetune under $XDG_CACHE_HOME or ~/.cache."""
+    base = os.environ.get("CUTETUNE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cutetune")
+    return Path(base)
+
+
+def quack_cache_dir() -> str | None:
+    """$QUACK_CACHE_DIR, the folder quack itself reads; None where unset."""
+    return os.environ.get("QUACK_CACHE_DIR") or None
+
+
+def quack_cache_enabled() -> bool:
+    return os.environ.get("QUACK_CACHE_ENABLED", "1") == "1"
+
+
+def kernel_cache_dir(explicit: str | None = None) -> str:
+    """quack's on-disk kernel cache for the tuner: ``explicit``, else $QUACK_CACHE_DIR, else
+    ``quack-kernels`` in cutetune's cache folder (``cache_dir``)."""
+    path = explicit or quack_cache_dir() or str(cache_dir() / "quack-kernels")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def template_cache_dir() -> Path:
+    """$CUTETUNE_TEMPLATE_CACHE_DIR, else triton-templates in cutetune's cache folder."""
+    return Path(os.environ.get("CUTETUNE_TEMPLATE_CACHE_DIR") or cache_dir() / "triton-templates")
+
+
+def fused_kernels_package() -> str | None:
+    """$CUTETUNE_FUSED_KERNELS as set (None: unset; empty: no package)."""
+    return os.environ.get("CUTETUNE_FUSED_KERNELS")

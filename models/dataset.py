@@ -1,0 +1,159 @@
+"""The measurement dataset: schema, atomic append, resume, and a checked loader.
+
+A dataset is a folder of Parquet parts. Each append writes one part to a temporary name and
+renames it into place, so a killed run leaves whole parts only; re-running the same command
+skips what the parts already hold. The tuner writes it, the models read it: this module is
+the contract between them.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import fields
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..space.config import KernelConfig
+from ..space.problem import GemmProblem
+
+SCHEMA_VERSION = 1
+
+PROBLEM_COLUMNS = ("arch", "m", "n", "k", "batch", "dtype", "out_dtype", "a_major", "b_major")
+CONFIG_COLUMNS = tuple(f.name for f in fields(KernelConfig))
+
+SCHEMA = pa.schema([
+    ("schema_version", pa.int16()),
+    ("run_id", pa.string()),
+    ("timestamp", pa.float64()),
+    # environment
+    ("device_name", pa.string()),
+    ("sm_count", pa.int32()),
+    ("driver", pa.string()),
+    ("cuda", pa.string()),
+    ("torch_version", pa.string()),
+    ("cutlass_dsl_version", pa.string()),
+    ("quack_version", pa.string()),
+    # problem
+    ("problem_key", pa.string()),
+    ("suite", pa.string()),
+    ("arch", pa.string()),
+    ("m", pa.int64()), ("n", pa.int64()), ("k", pa.int64()), ("batch", pa.int32()),
+    ("dtype", pa.string()), ("out_dtype", pa.string()),
+    ("a_major", pa.string()), ("b_major", pa.string()),
+    # what ran: backend "quack" with a config, or "cublas" (torch.mm) with null config columns
+    ("backend", pa.string()),
+    ("config_key", pa.string()),
+    ("tile_m", pa.int32()), ("tile_n", pa.int32()), ("pingpong", pa.bool_()),
+    ("cluster_m", pa.int32()), ("cluster_n", pa.int32()), ("swap_ab", pa.bool_()),
+    ("max_swizzle_size", pa.int32()), ("split_k", pa.int32()),
+    ("is_dynamic_persistent", pa.bool_()),
+    # outcome
+    ("status", pa.string()),  # ok | compile_error | runtime_error | wrong_result | timeout | crash
+    ("error", pa.string()),
+    ("compile_s", pa.float64()),
+    ("time_ms", pa.float64()),       # median
+    ("time_ms_p20", pa.float64()),
+    ("time_ms_p80", pa.float64()),
+    ("n_reps", pa.int32()),
+    ("rel_err", pa.float64()),
+])
+
+
+def problem_of(row) -> GemmProblem:
+    """The GemmProblem a dataset row measured (sizes come back from Parquet as ints)."""
+    return GemmProblem(**{c: (int(row[c]) if c in ("m", "n", "k", "batch") else row[c])
+                          for c in PROBLEM_COLUMNS})
+
+
+class DatasetError(RuntimeError):
+    """A dataset folder or part that cannot be read as a cutetune dataset."""
+
+
+# What makes a measurement unique in a dataset: problem, backend and config.
+KEY_COLUMNS = ("problem_key", "backend", "config_key")
+
+
+def append(path: str | os.PathLike, rows: list[dict]) -> Path | None:
+    """Append ``rows`` as one new part, atomically (write a temporary file, then rename)."""
+    if not rows:
+        return None
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DatasetError(f"cannot create dataset folder {folder}: {e}") from e
+    full = [{**{f.name: None for f in SCHEMA}, "schema_version": SCHEMA_VERSION, **r} for r in rows]
+    table = pa.Table.from_pylist(full, schema=SCHEMA)
+    name = f"part-{len(list(folder.glob('part-*.parquet'))):06d}-{uuid.uuid4().hex[:8]}.parquet"
+    tmp = folder / f".{name}.tmp"
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, folder / name)
+    return folder / name
+
+
+def parts(path: str | os.PathLike) -> list[Path]:
+    folder = Path(path)
+    if not folder.exists():
+        return []
+    if not folder.is_dir():
+        raise DatasetError(f"{folder} is not a dataset folder")
+    return sorted(folder.glob("part-*.parquet"))
+
+
+def load(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
+    """Read every part of a dataset, checking schema version and columns."""
+    files = parts(path)
+    if not files:
+        raise DatasetError(f"no dataset parts (part-*.parquet) under {path}")
+    tables = []
+    for f in files:
+        try:
+            t = pq.read_table(f, columns=columns)
+        except Exception as e:  # pyarrow raises several types for damaged files
+            raise DatasetError(f"corrupt dataset part {f}: {e}") from e
+        missing = set(columns or SCHEMA.names) - set(t.column_names)
+        if missing:
+            raise DatasetError(f"dataset part {f} lacks columns {sorted(missing)}")
+        if "schema_version" in t.column_names:
+            versions = set(t.column("schema_version").to_pylist())
+            if versions - {SCHEMA_VERSION}:
+                raise DatasetError(f"dataset part {f} has schema version {sorted(versions)}; "
+                                   f"this cutetune reads version {SCHEMA_VERSION}")
+        tables.append(t.cast(pa.schema([SCHEMA.field(n) for n in t.column_names])))
+    table = pa.concat_tables(tables)
+    if columns is None or set(KEY_COLUMNS) <= set(columns):
+        # A compaction killed between its rename and its deletes leaves rows twice: keep one.
+        keys = zip(*(table.column(c).to_pylist() for c in KEY_COLUMNS))
+        seen, keep = set(), []
+        for i, key in enumerate(keys):
+            if key not in seen:
+                seen.add(key)
+                keep.append(i)
+        if len(keep) < len(table):
+            table = table.take(keep)
+    return table
+
+
+def compact(path: str | os.PathLike) -> Path:
+    """Rewrite every part of a dataset as one part (fewer files, better compression)."""
+    old = parts(path)
+    table = load(path)
+    folder = Path(path)
+    name = f"part-{0:06d}-{uuid.uuid4().hex[:8]}.parquet"
+    tmp = folder / f".{name}.tmp"
+    pq.write_table(table, tmp, compression="zstd", compression_level=9)
+    os.replace(tmp, folder / name)
+    for f in old:
+        f.unlink()
+    return folder / name
+
+
+def done_keys(path: str | os.PathLike) -> set[tuple]:
+    """Keys already measured (any status), so a resumed run skips them."""
+    if not parts(path):
+        return set()
+    t = load(path, columns=list(KEY_COLUMNS))
+    return set(zip(*(t.column(c).to_pylist() for c in KEY_COLUMNS)))

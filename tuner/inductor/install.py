@@ -1,0 +1,262 @@
+"""``enable()``: install cutetune into Inductor, and restore what was there on exit."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from torch._inductor import config as inductor_config
+from torch._inductor import virtualized
+from torch._inductor.select_algorithm import (
+    get_algorithm_selector_cache,
+)
+
+from ...space.config import KernelConfig
+from ...space.problem import GemmProblem
+
+from ... import settings
+from ...models.heuristics import Heuristics, ModelHeuristics, PackagedHeuristics
+from ..kernels import aot, launcher, problems, swiglu
+from ..kernels.helper import is_library, shared_prefetcher, start_for_this_gpu
+from ..kernels.problems import TORCH_DTYPE_OF
+from . import choices, template_cache
+from .choices import _SOURCES, ChoicesFactory, send_kernels
+from .decisions import REDUCED_TOP_K, decide_swiglu, host_bound_us, triton_takers
+from .feedback import FeedbackRecorder
+from .passes import EarlyPrefetchPass, SwigluFusionPass
+
+log = logging.getLogger(__name__)
+
+
+_UNSET = object()
+_HANDLER_KEY = virtualized._choices._key
+
+
+# How long a node's benchmark waits for the compile workers before compiling here instead:
+# the helper's start (its imports) plus a few rounds of compiles, the slowest of all 1200 sm90
+# kernels taking 6.2 s on the H200 host (data/reports/gpu/warm_space_check_h200x2.json.gz).
+PREFETCH_WAIT_S = 60.0
+
+
+def await_prefetched(choices: list) -> list:
+    """Inductor preprocessing hook (reduced mode), run on each node's choices just before they
+    are benchmarked: import quack here if a kernel launches through it (meanwhile the workers
+    compile), then wait for the node's kernels that the workers are still building and that
+    are not built already, rather than build them one by one in this process (the wait is
+    logged). Choices pass through unchanged."""
+    kernels = [k for k in (getattr(c, "cutetune_kernel", None) for c in choices) if k]
+    if kernels and choices._prefetch_for is not None:
+        keys = [key for _, key in kernels]
+        try:
+            if not all(is_library(k) for k in keys):
+                launcher.import_quack()
+            t0 = time.perf_counter()
+            ready = choices._prefetch_for(kernels[0][0]).wait_for(keys, timeout=PREFETCH_WAIT_S)
+            log.info("cutetune: waited %.2f s for the compile helper's %d kernels of a node%s",
+                     time.perf_counter() - t0, len(keys), "" if ready else " (timed out)")
+        except Exception as e:  # noqa: BLE001  (the benchmark compiles what is missing)
+            log.warning("cutetune: waiting for prefetched kernels failed (%s: %s)",
+                        type(e).__name__, e)
+    return choices
+
+
+def _swap_thread_handler(value):
+    """Set (or with _UNSET clear) this thread's cached V.choices; return the previous one.
+    Inductor builds it from ``inductor_choices_class`` on first use and then keeps it, so
+    changing the config alone would not reach a thread that has compiled before."""
+    prev = getattr(virtualized.threadlocal, _HANDLER_KEY, _UNSET)
+    if value is _UNSET:
+        if prev is not _UNSET:
+            delattr(virtualized.threadlocal, _HANDLER_KEY)
+    else:
+        setattr(virtualized.threadlocal, _HANDLER_KEY, value)
+    return prev
+
+
+def early_prefetch_pass(factory: ChoicesFactory, user_pass) -> EarlyPrefetchPass:
+    """The pre-grad pass that sends a graph's kernels from Dynamo's graph
+    (``early_prefetch.py``), seconds before its first GEMM node is lowered."""
+    heuristics = _SOURCES[factory.source]
+
+    def send(problems: list[GemmProblem]) -> None:
+        if choices._prefetch_for is None:  # compiled after the installation ended
+            return
+        for arch in dict.fromkeys(p.arch for p in problems):
+            n = send_kernels([p for p in problems if p.arch == arch], arch, factory.mode,
+                             heuristics, factory.top_k)
+            log.info("cutetune: %d kernels of this graph sent to the compile workers from "
+                     "Dynamo's graph", n)
+
+    return EarlyPrefetchPass(send, f"{factory.mode}:k{factory.top_k}:{factory.source}:"
+                             f"{factory.code}", lambda device: problems.device_arch(device), user_pass)
+
+
+def swiglu_fusion_pass(factory: ChoicesFactory, user_pass) -> SwigluFusionPass:
+    """The post-grad pass that fuses SwiGLU (``swiglu.py``) as ``decide_swiglu`` says."""
+    heuristics = _SOURCES[factory.source]
+    key = f"{factory.mode}:{factory.source}:{factory.code}"
+    return SwigluFusionPass(lambda p: decide_swiglu(p, heuristics, host_bound_us()), key,
+                            lambda device: problems.device_arch(device), user_pass, prepare_fused_kernel,
+                            lambda p: decide_swiglu(p, heuristics, host_bound_us(), True),
+                            lambda graph, arch: triton_takers(graph, arch, heuristics)[1] or ())
+
+
+def prepare_fused_kernel(problem: GemmProblem, config: KernelConfig) -> None:
+    """Get a fused SwiGLU kernel ready while Inductor compiles: unless its TVM-FFI library is
+    built or linked from prebuilt kernel objects (``aot.ensure_library``), the compile helper
+    builds it (``swiglu.build_library``; started now in predicted mode), and calls run ATen,
+    unfused, until it is built, then launch it without importing quack (in later processes
+    too). Nothing waits: on the H200 host the helper's library came 4.1-5.8 s after the
+    compile even forked (data/bench/e2e_h200_1gpu_fork_predicted.json), about what compiling
+    through quack in the process cost the compile, 3.7-6.2 s
+    (data/bench/e2e_h200_1gpu_aot*.json). Without a C
+    compiler to link with, or with quack's disk cache off, the first launch compiles through
+    quack here. No import runs in a thread meanwhile: on the H200 host quack's import holds
+    the GIL throughout and a thread hid none of it (data/bench/import_probe_h200.json)."""
+    key = swiglu.library_key(config, problem.arch, TORCH_DTYPE_OF[problem.dtype],
+                             (problem.a_major, problem.b_major))
+    if aot.ensure_library(key):
+        return
+    helper = shared_prefetcher(problem.arch)
+    if helper.enabled and aot.can_link():
+        key = helper.submit_swiglu(problem, config)
+        swiglu.building(key, lambda: helper.build_state(key))
+
+
+def _resolve_source(model) -> str:
+    """Register the heuristics behind ``model`` and return their digest."""
+    if model is None:
+        h = PackagedHeuristics()
+    elif isinstance(model, (str, os.PathLike)):
+        h = Heuristics.load(model)
+    elif hasattr(model, "lookup"):
+        h = model
+    elif hasattr(model, "rank") and hasattr(model, "prefers_cublas"):
+        h = ModelHeuristics(model)
+    else:
+        raise TypeError(f"model must be a heuristics file path, an object with lookup(problem), "
+                        f"or a cost model with rank() and prefers_cublas(); got {type(model)}")
+    digest = getattr(h, "digest", None) or f"{type(h).__qualname__}@{id(h):x}"
+    _SOURCES[digest] = h
+    return digest
+
+
+def _chain_pass(slot: str, kind: type, make) -> object:
+    """Set Inductor's custom-pass ``slot`` to ``make(user_pass)`` (None: to the user's pass
+    alone), where the user's pass is what the slot holds without an outer installation's pass
+    of this ``kind``; the slot's previous value, for ``disable``."""
+    prev = getattr(inductor_config, slot)
+    user_pass = prev.user_pass if isinstance(prev, kind) else prev
+    setattr(inductor_config, slot, make(user_pass) if make is not None else user_pass)
+    return prev
+
+
+class Installation:
+    """An active ``enable()``: a context manager, or call ``disable()``. Restores the previous
+    ``inductor_choices_class``, this thread's choices handler, the feedback savers, the
+    prefetcher source, the pre-grad pass that feeds it, the preprocessing hook that waits for
+    it, Triton's cache manager and the post-grad pass that fuses SwiGLU."""
+
+    def __init__(self, factory: ChoicesFactory | None, feedback: FeedbackRecorder | None,
+                 prefetch_for=None, fuse_swiglu: bool = False) -> None:
+        self.factory, self.feedback = factory, feedback
+        self._prev_post_pass = _chain_pass(
+            "post_grad_custom_post_pass", SwigluFusionPass,
+            (lambda user: swiglu_fusion_pass(factory, user))
+            if factory is not None and fuse_swiglu else None)
+        self._prev_pre_pass = _chain_pass(
+            "pre_grad_custom_pass", EarlyPrefetchPass,
+            (lambda user: early_prefetch_pass(factory, user))
+            if factory is not None and prefetch_for is not None else None)
+        self._prev_manager = template_cache.install() if factory is not None else _UNSET
+        self._prev_prefetch, choices._prefetch_for = choices._prefetch_for, prefetch_for
+        self._prev_class = inductor_config.inductor_choices_class
+        if factory is not None:
+            new_class = factory
+        elif isinstance(self._prev_class, ChoicesFactory):
+            new_class = None  # "off" lifts an outer cutetune installation
+        else:
+            new_class = self._prev_class
+        inductor_config.inductor_choices_class = new_class
+        self._prev_handler = _swap_thread_handler(_UNSET)
+        if feedback is not None:
+            get_algorithm_selector_cache().add_feedback_saver(feedback)
+        self.waits_for_prefetch = prefetch_for is not None
+        if self.waits_for_prefetch:
+            get_algorithm_selector_cache().add_preprocessing_fn(await_prefetched)
+        self.active = True
+
+    def disable(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        choices._prefetch_for = self._prev_prefetch
+        if self._prev_manager is not _UNSET:
+            template_cache.uninstall(self._prev_manager)
+        inductor_config.inductor_choices_class = self._prev_class
+        inductor_config.post_grad_custom_post_pass = self._prev_post_pass
+        inductor_config.pre_grad_custom_pass = self._prev_pre_pass
+        _swap_thread_handler(self._prev_handler)
+        cache = get_algorithm_selector_cache()
+        if self.feedback is not None and self.feedback in cache.feedback_saver_fns:
+            cache.feedback_saver_fns.remove(self.feedback)
+        if self.waits_for_prefetch and await_prefetched in cache.preprocessing_fns:
+            cache.preprocessing_fns.remove(await_prefetched)
+
+    def __enter__(self) -> "Installation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.disable()
+
+
+def enable(mode: str = "predicted", top_k: int | None = None, model=None,
+           feedback: str | os.PathLike | None = None, prefetch=True,
+           fuse_swiglu: bool = True) -> Installation:
+    """Install cutetune's choices into Inductor; use as a function or a context manager.
+
+    ``model``: a heuristics file (``cutetune emit``), an object with ``lookup(problem)``, or a
+    cost model with ``rank``/``prefers_cublas``; default: the heuristics packaged with
+    cutetune. ``top_k``: reduced-mode candidates (default REDUCED_TOP_K). ``feedback``: a
+    dataset folder that receives Inductor's reduced-mode timings. ``prefetch`` (reduced mode):
+    compile each graph's candidate kernels in parallel worker processes, started now so they
+    load while Dynamo traces (``cutetune.enable`` starts them before Inductor's import) and
+    sent the kernels from Dynamo's graph (True), not at all (False), or a callable ``arch ->
+    object with submit(kernels)``. Both modes keep the Triton template kernels they lead Inductor to
+    compile in cutetune's kernel cache (``tuner/template_cache.py``), and with ``fuse_swiglu``
+    run ``silu(g) * mm(x, w)`` as one quack GEMM where ``decide_swiglu`` says (``swiglu.py``).
+    """
+    mode = settings.parse_mode(mode)
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+    if mode == "predicted" and top_k not in (None, 1):
+        raise ValueError("predicted mode offers one config per node; top_k is for reduced mode")
+    if feedback is not None and mode != "reduced":
+        raise ValueError("feedback records Inductor's benchmarks, which only reduced mode runs")
+    if mode == "off":
+        return Installation(None, None)
+    k = 1 if mode == "predicted" else (top_k or REDUCED_TOP_K)
+    launcher.extern_choices()  # generated code (also from the FX cache) calls these by name
+    factory = ChoicesFactory(mode, k, _resolve_source(model))
+    prefetch_for = None
+    if mode == "reduced" and prefetch:
+        # predicted mode does not prefetch plain GEMMs (one kernel per served node compiles in
+        # less time than the helper takes to start), and starts the helper only when a fused
+        # SwiGLU kernel needs building (``prepare_fused_kernel``)
+        prefetch_for = shared_prefetcher if prefetch is True else prefetch
+        if prefetch is True:  # started now (if ``cutetune.enable`` has not), it imports
+            start_for_this_gpu()  # quack while Dynamo traces
+    return Installation(factory, FeedbackRecorder(feedback) if feedback is not None else None,
+                        prefetch_for, fuse_swiglu)
+
+
+def enable_from_env(environ=None) -> Installation | None:
+    """``enable()`` configured by the environment (``settings.compile_settings``:
+    CUTETUNE_MODE, CUTETUNE_TOPK, CUTETUNE_MODEL, CUTETUNE_FEEDBACK, CUTETUNE_FUSE_SWIGLU).
+    Returns None when the mode is off (or unset)."""
+    s = settings.compile_settings(environ)
+    if s.mode == "off":
+        return None
+    return enable(s.mode, top_k=s.top_k, model=s.model, feedback=s.feedback,
+                  fuse_swiglu=s.fuse_swiglu)

@@ -1,0 +1,261 @@
+"""cutetune's Inductor graph passes. Each takes one custom-pass slot of Inductor's config and
+runs the user's own pass of that slot first (``ChainedPass``):
+
+- ``EarlyPrefetchPass`` (pre-grad): Reduced mode's kernels sent to the compile helper from Dynamo's graph, before AOTAutograd.
+  
+  The prefetcher (``prefetch.py``) gets a graph's top-k kernels when Inductor lowers its first
+  GEMM node, after AOTAutograd has traced, decomposed and partitioned the graph: seconds into a
+  fresh process's first compile, which its benchmark then waits out for the helper's compiles.
+  Dynamo's graph already holds the GEMMs (``linear``, ``matmul``, ``mm``, ``bmm`` calls with
+  fake-tensor values), so a pre-grad pass can read their problems as Inductor will see them
+  and send the kernels then. What it reads wrong (a layout lowering changes) costs a kernel
+  built for nothing; what it misses is sent at lowering as before.
+
+- ``SwigluFusionPass`` (post-grad): The Inductor post-grad pass that rewrites ``silu(g) * mm(x, w)`` into cutetune's fused
+  SwiGLU GEMM (``cutetune::mm_silu_mul``, ``swiglu.py``) where the decision says so.
+  
+  Installed through ``torch._inductor.config.post_grad_custom_post_pass`` (no patching of
+  torch): it runs on the post-grad graph, where silu is already decomposed, so the pattern is
+  traced from ``F.silu(g) * torch.mm(x, w)`` by Inductor's own decompositions (whatever this
+  torch makes of silu) rather than written by hand. A pass the user installed there still runs,
+  before this one. Its ``uuid()`` (mode, heuristics, decision code) is part of Inductor's
+  FX-graph cache key.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from functools import lru_cache
+from typing import Callable, Collection
+
+import torch
+import torch.nn.functional as F
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from ...space.config import KernelConfig
+from ...space.problem import GemmProblem, ProblemError
+from ..kernels import launcher, swiglu
+from ..kernels.problems import dynamo_gemms, fx_problem
+
+log = logging.getLogger(__name__)
+
+
+class ChainedPass(CustomGraphPass):
+    """``apply(graph)`` after ``user_pass`` (the slot's previous pass, if any: a
+    CustomGraphPass or a plain function); ``key`` says what decides, and goes with the user's
+    pass into ``uuid()``, so into Inductor's cache key."""
+
+    NAME = "cutetune"
+
+    def __init__(self, key: str, user_pass: Callable[[torch.fx.Graph], None] | None = None
+                 ) -> None:
+        self.key, self.user_pass = key, user_pass
+
+    def uuid(self) -> str | None:
+        """None where the user's pass has no uuid (a plain function, say): Inductor then
+        bypasses its caches, as it would for that pass alone."""
+        if self.user_pass is None:
+            return f"{self.NAME}:{self.key}:None"
+        user = self.user_pass.uuid() if isinstance(self.user_pass, CustomGraphPass) else None
+        return f"{self.NAME}:{self.key}:{user!r}" if user else None
+
+    def __reduce__(self):
+        """What pickling makes of the pass: its uuid. torch 2.11's FX-graph cache key pickles
+        the pre-grad slot with the rest of Inductor's config (later releases ask its uuid), and
+        a pass holding closures failed there, so every graph compiled with it bypassed the
+        cache (seen on the H200 host with the early-prefetch pass). With no uuid it does not
+        pickle, which bypasses the cache as the uuid's absence does elsewhere."""
+        uuid = self.uuid()
+        if uuid is None:
+            raise pickle.PicklingError(f"{type(self).__name__} has no uuid: its user pass "
+                                       "has none")
+        return str, (uuid,)
+
+    def __deepcopy__(self, memo) -> "ChainedPass":
+        """The pass itself: Inductor deep-copies its config (to restore it later, say), and
+        a copy must stay a pass, not the str that pickling makes of it."""
+        return self
+
+    def __copy__(self) -> "ChainedPass":
+        return self
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        if self.user_pass is not None:
+            self.user_pass(graph)
+        self.apply(graph)
+
+    def apply(self, graph: torch.fx.Graph) -> None:
+        raise NotImplementedError
+
+
+class EarlyPrefetchPass(ChainedPass):
+    """A pre-grad pass that hands ``send`` the problems of ``dynamo_gemms`` and leaves the
+    graph as it is. A failure is logged and costs compile time only."""
+
+    NAME = "cutetune-early-prefetch"
+
+    def __init__(self, send: Callable[[list[GemmProblem]], None], key: str,
+                 arch: Callable[[torch.device], str | None],
+                 user_pass: Callable[[torch.fx.Graph], None] | None = None) -> None:
+        super().__init__(key, user_pass)
+        self.send, self.arch = send, arch
+
+    def apply(self, graph: torch.fx.Graph) -> None:
+        try:
+            problems = dynamo_gemms(graph, self.arch)
+            if problems:
+                self.send(problems)
+        except Exception as e:  # noqa: BLE001
+            log.warning("cutetune: early kernel prefetch failed (%s: %s); kernels are sent "
+                        "at lowering", type(e).__name__, e)
+
+
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _silu_mul_mm(g, x, w):
+    return F.silu(g) * torch.mm(x, w)
+
+
+def _mm_mul_silu(g, x, w):
+    return torch.mm(x, w) * F.silu(g)
+
+
+@lru_cache(maxsize=None)
+def _patterns(dtype: torch.dtype) -> tuple:
+    """The post-grad patterns of both operand orders in ``dtype`` (silu's decomposition casts
+    to fp32 and back, so the dtype may be part of the pattern): traced for the dtypes a graph
+    holds, once per process (0.02-0.06 s for both orders in the H200 benchmark's compiles, the
+    fusion pass's log lines in data/bench/e2e_h200_1gpu_aot*.json)."""
+    from torch._inductor.pattern_matcher import fwd_only, gen_pattern
+
+    t0 = time.perf_counter()
+    g, x, w = (torch.empty(s, dtype=dtype) for s in ((8, 8), (8, 16), (16, 8)))
+    out = tuple(gen_pattern(fn, [g, x, w], fwd_only) for fn in (_silu_mul_mm, _mm_mul_silu))
+    log.info("cutetune: traced the SwiGLU patterns for %s in %.2f s", dtype,
+             time.perf_counter() - t0)
+    return out
+
+
+def candidate_dtypes(graph: torch.fx.Graph) -> list[torch.dtype]:
+    """The 16-bit dtypes of the graph's mm products that feed a mul: only these can match,
+    so a graph without one (attention projections, most graphs) traces no pattern."""
+    found = set()
+    for node in graph.find_nodes(op="call_function", target=torch.ops.aten.mm.default):
+        val = node.meta.get("val")
+        if (isinstance(val, torch.Tensor) and val.dtype in DTYPES
+                and any(u.target == torch.ops.aten.mul.Tensor for u in node.users)):
+            found.add(val.dtype)
+    return [d for d in DTYPES if d in found]
+
+
+def _dynamic_m(x) -> bool:
+    """Whether the up projection's M alone may be dynamic: a symbolic first size."""
+    a = x.meta.get("val")
+    return isinstance(a, torch.Tensor) and a.dim() == 2 and isinstance(a.shape[0], torch.SymInt) \
+        and not isinstance(a.shape[0].node.maybe_as_int(), int)
+
+
+class SwigluFusionPass(ChainedPass):
+    """``decide(problem) -> KernelConfig | None`` says, per up projection, which config to fuse
+    with (``decide_by_m``, if given, at each rung of a dynamic M); ``key`` identifies what
+    decides (it goes into ``uuid()``); ``arch(device)`` is quack's arch for a device, None
+    where quack cannot run; ``prepare(problem, config)``, if given, is told of each fusion at
+    once, to get the kernel ready while Inductor compiles; ``templated(graph, arch)``, if
+    given, names the problems of the graph that Inductor will run in Triton templates, whose
+    up projections of a static M stay unfused: a template takes the product as its epilogue
+    for less host time than the fused kernel's extern call, which a graph templated for its
+    host time cannot spare (in one process on the H200 the Llama-3-8B MLP's step at M 1, 16
+    and 128 issued in 13-25 us less host time that way, and ran 0.83x the fused step's at
+    M=16, host-bound, against 1.05x at M=1, where the GPU bound it:
+    data/bench/step_h200_unfused.json)."""
+
+    NAME = "cutetune-swiglu"
+
+    def __init__(self, decide: Callable[[GemmProblem], KernelConfig | None], key: str,
+                 arch: Callable[[torch.device], str | None],
+                 user_pass: Callable[[torch.fx.Graph], None] | None = None,
+                 prepare: Callable[[GemmProblem, KernelConfig], None] | None = None,
+                 decide_by_m: Callable[[GemmProblem], KernelConfig | None] | None = None,
+                 templated: Callable[[torch.fx.Graph, str], Collection[GemmProblem]]
+                 | None = None) -> None:
+        super().__init__(key, user_pass)
+        swiglu.install_lowerings()
+        self.decide, self.arch, self.prepare = decide, arch, prepare
+        self.templated = templated
+        self.decide_by_m = decide_by_m or decide  # at each rung of a dynamic M
+        self.fused: list[tuple[GemmProblem, KernelConfig]] = []  # what this process fused
+
+    def apply(self, graph: torch.fx.Graph) -> None:
+        from torch._inductor.pattern_matcher import PatternMatcherPass, register_graph_pattern
+
+        matcher = PatternMatcherPass(pass_name="cutetune_swiglu")
+        templated: dict[str, Collection[GemmProblem]] = {}  # per arch, of the graph as it came
+
+        def rewrite(match, g, x, w):
+            if _dynamic_m(x):
+                return self._rewrite_by_m(match, g, x, w)
+            try:
+                problem = fx_problem(x, w, self.arch)
+            except ProblemError as e:
+                log.info("cutetune: SwiGLU left unfused (%s)", e)
+                return
+            if self.templated is not None:
+                if problem.arch not in templated:
+                    templated[problem.arch] = self.templated(graph, problem.arch)
+                if problem in templated[problem.arch]:
+                    log.info("cutetune: SwiGLU on %s left to its Triton template",
+                             problem.key())
+                    return
+            config = self.decide(problem)
+            if config is None:
+                return
+            ints = swiglu.config_ints(config)
+            match.replace_by_example(
+                lambda g, x, w: torch.ops.cutetune.mm_silu_mul(x, w, g, ints), [g, x, w])
+            self._fused(problem, config)
+            log.info("cutetune: fused silu(gate) * mm on %s with %s", problem.key(),
+                     config.short())
+
+        dtypes = candidate_dtypes(graph)
+        if not dtypes:
+            return
+        for pattern in (p for d in dtypes for p in _patterns(d)):
+            register_graph_pattern(pattern, pass_dict=matcher)(rewrite)
+        matcher.apply(graph)
+
+    def _rewrite_by_m(self, match, g, x, w) -> None:
+        """An up projection whose M is dynamic: fused per range of M (``launcher.m_ranges``)
+        where ``decide_by_m`` fuses that range's rung, unfused elsewhere, chosen at each call
+        by its M (``swiglu.mm_silu_mul_by_m``); left as it is where no range fuses."""
+        firsts = {}  # each config with the problem at the first rung that fused with it
+
+        def pick(m: int) -> KernelConfig | None:
+            try:
+                problem = fx_problem(x, w, self.arch, m)
+            except ProblemError:
+                return None
+            config = self.decide_by_m(problem)
+            if config is not None:
+                firsts.setdefault(config, problem)
+            return config
+
+        table = launcher.m_ranges(pick)
+        if not firsts:
+            log.info("cutetune: SwiGLU with a dynamic M left unfused (no range fuses)")
+            return
+        ints = swiglu.table_ints(table)
+        match.replace_by_example(
+            lambda g, x, w: torch.ops.cutetune.mm_silu_mul_by_m(x, w, g, ints), [g, x, w])
+        for config, problem in firsts.items():
+            self._fused(problem, config)
+        log.info("cutetune: fused silu(gate) * mm with a dynamic M (%s): %s",
+                 x.meta["val"].shape[0], ", ".join(
+                     f"M<={m_max}: {'unfused' if c is None else c.short()}" for m_max, c in table))
+
+    def _fused(self, problem: GemmProblem, config: KernelConfig) -> None:
+        self.fused.append((problem, config))
+        if self.prepare is not None:
+            self.prepare(problem, config)

@@ -1,0 +1,151 @@
+"""Compile quack GEMM kernels without a GPU, into quack's on-disk kernel cache.
+
+The GPU process later launches the same config through quack's normal entry point
+(``gemm_interface._gemm_execute``), whose plan build looks the kernel up in quack's
+``jit_cache`` by the exact positional arguments of ``quack.gemm._compile_gemm``. So
+``kernel_signature`` mirrors that plan build for a plain GEMM (no epilogue, no varlen):
+if the two drift apart the GPU process compiles in-process, which the harness detects
+and reports as a cache miss.
+
+``cute.compile`` is not thread-safe: compile in processes (see ``tuner.workers``), each
+made GPU-blind by ``configure_gpu_blind`` before the first compile.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...space.config import ARCH_CAPACITY, KernelConfig
+from ...space.problem import GemmProblem
+
+DSL_ARCH = {"sm90": "sm_90a", "sm100": "sm_100a"}
+
+
+@dataclass(frozen=True)
+class KernelLayout:
+    """Operand majors and batching as the kernel sees them, after quack's host-side routing
+    (swap_ab exchanges A and B and transposes D; B is passed (K, N) when not swapped)."""
+
+    a_major: str
+    b_major: str
+    d_major: str
+    batched: bool
+    b_kn: bool
+
+
+def kernel_layout(problem: GemmProblem, config: KernelConfig) -> KernelLayout:
+    """Mirror of quack.gemm_interface._gemm_execute's routing for a dense GEMM on sm90+."""
+    batched = problem.batch > 1 or config.split_k > 1  # dense 2D only without split-K
+    if not config.swap_ab:
+        # B stays (K, N) (b_kn): "n"-major when N is contiguous.
+        return KernelLayout(problem.a_major, problem.b_major, "n", batched, True)
+    # Swapped: the kernel's A is B^T (N, K), its B is A (M, K), its D is D^T (N, M).
+    a_major = "k" if problem.b_major == "k" else "m"
+    b_major = "k" if problem.a_major == "k" else "n"
+    return KernelLayout(a_major, b_major, "m", batched, False)
+
+
+def kernel_signature(problem: GemmProblem, config: KernelConfig) -> tuple:
+    """Positional arguments of ``quack.gemm._compile_gemm`` for this plain GEMM, exactly as
+    ``quack.gemm._build_gemm_plan`` passes them (the jit cache keys on them)."""
+    import cutlass
+    from quack.gemm_config import SplitKMode
+    from quack.rounding import RoundingMode
+
+    dt = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+    ab, d = dt[problem.dtype], dt[problem.out_dtype]
+    lay = kernel_layout(problem, config)
+    # The cache key is a hash of the arguments' pickle, which writes an object seen before as
+    # a reference to it: equal strings must also be the same objects as in quack's own call
+    # (its literals, interned), or a major read from JSON ("n" beside D's "n") hashes apart.
+    a_major, b_major, d_major = (sys.intern(m) for m in (lay.a_major, lay.b_major, lay.d_major))
+    return (
+        ab, ab, d, None,                        # a, b, d, c dtypes
+        a_major, b_major, d_major, None,
+        (config.tile_m, config.tile_n),
+        (config.cluster_m, config.cluster_n, 1),
+        config.pingpong,
+        True,                                   # persistent
+        config.is_dynamic_persistent,
+        None, None, 0,                          # rowvec, colvec dtypes, colvec ndim
+        0, 0,                                   # alpha, beta modes (neutral)
+        False,                                  # add_to_output
+        (),                                     # concat layout
+        False, False, False, False, False,      # varlen_m, varlen_k, gather_A, tma_gather, permute
+        (ARCH_CAPACITY[problem.arch], 0),
+        RoundingMode.RN,
+        0,                                      # sr_seed mode
+        None,                                   # num_warps
+        None, None,                             # scale-factor dtype, vec size
+        config.split_k,
+        SplitKMode.SERIAL,
+        lay.batched,
+        lay.b_kn,
+        True,                                   # sf_batched (unused without scale factors)
+        None, 0, None, None, None,              # sfd, norm-const mode, sfd col, mma dtypes
+        False,                                  # all-gather
+    )
+
+
+def kernel_object_path(problem: GemmProblem, config: KernelConfig, cache_root: str | None = None):
+    """Where quack's ``jit_cache`` keeps this kernel's object file: under ``cache_root`` (default:
+    quack's cache root in this process), a folder per quack source fingerprint, a file per
+    hash of the compile function's name and ``kernel_signature``."""
+    from pathlib import Path
+
+    from quack.cache.jit import _compute_source_fingerprint, _key_to_hash, get_cache_path
+
+    sha = _key_to_hash(("_compile_gemm",) + kernel_signature(problem, config))
+    root = Path(cache_root) if cache_root else get_cache_path()
+    return root / _compute_source_fingerprint() / f"{sha}.o"
+
+
+def cache_dir() -> Path:
+    """cutetune's cache folder: $CUTETUNE_CACHE, else cutetune under $XDG_CACHE_HOME or ~/.cache."""
+    base = os.environ.get("CUTETUNE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cutetune")
+    return Path(base)
+
+
+def kernel_cache_dir(explicit: str | None = None) -> str:
+    """quack's on-disk kernel cache for the tuner: ``explicit``, else $QUACK_CACHE_DIR, else
+    ``quack-kernels`` in cutetune's cache folder (``cache_dir``)."""
+    path = explicit or os.environ.get("QUACK_CACHE_DIR") or str(cache_dir() / "quack-kernels")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def configure_gpu_blind(arch: str, cache_dir: str | None = None) -> None:
+    """Make this process compile for ``arch`` without touching a GPU (quack's compile-pool
+    setup: hidden devices, pinned dispatch and ptxas arch, static smem table)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ["QUACK_ARCH"] = arch.replace("sm", "sm_")
+    os.environ["CUTE_DSL_ARCH"] = DSL_ARCH[arch]
+    if cache_dir:
+        os.environ["QUACK_CACHE_DIR"] = cache_dir
+    from quack.cache.async_compile import _pool_initializer
+
+    _pool_initializer(os.environ["QUACK_ARCH"], os.environ["CUTE_DSL_ARCH"])
+    if cache_dir:
+        import quack.cache as qcache
+
+        qcache.CACHE_DIR = cache_dir
+
+
+def signature_class(problem: GemmProblem, config: KernelConfig) -> tuple:
+    """Everything a compiled kernel depends on: problems of one class share kernels."""
+    return (problem.arch, problem.dtype, problem.out_dtype, problem.a_major, problem.b_major,
+            problem.batch > 1, config.compile_key())
+
+
+def compile_kernel(problem: GemmProblem, config: KernelConfig) -> float:
+    """Compile (or find in quack's disk cache) the kernel for ``config``; return seconds."""
+    from quack.gemm import _compile_gemm
+
+    t0 = time.perf_counter()
+    _compile_gemm(*kernel_signature(problem, config))
+    return time.perf_counter() - t0

@@ -1,0 +1,330 @@
+"""Run quack's CuteDSL GEMM with a given KernelConfig for mm, addmm and bmm, falling back to
+ATen for whatever quack cannot take, and expose it to Inductor as extern kernels.
+
+quack's public ``gemm`` chooses its own config (autotuner or heuristic) and takes no C operand,
+so we enter one level down, at ``gemm_interface._gemm_execute``: it takes an explicit config and
+C / bias / alpha / beta, does quack's operand routing (swap_ab, B passed (K, N), batching) and
+returns a dispatch plan which, handed back on the next call with the same metadata, skips quack's
+own key building. We cache that plan per metadata key, as quack's ``gemm`` does for its own calls.
+Where the compile helper has built a plain mm's kernel as a TVM-FFI library (``gemm_library``),
+the call launches from that library instead, and this process never imports quack.
+
+The support envelope (dtype, majors, 16-byte TMA strides, addend shape) is a pure function of
+sizes and strides, shared with the compile-time decision in ``inductor.py``; base-pointer
+alignment is only known at run time and is checked on every call.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from functools import lru_cache
+
+import torch
+
+from ...space.config import KernelConfig
+from ...space.problem import TMA_ALIGN_BYTES, ProblemError
+
+from . import aot, library as gemm_library, problems
+from .problems import TMA_ALIGN_BYTES, as_config
+
+log = logging.getLogger(__name__)
+
+
+# Names under which Inductor's generated code calls the kernels (extern_kernels.<name>).
+MM_KERNEL = "cutetune_quack_mm"
+ADDMM_KERNEL = "cutetune_quack_addmm"
+# The same for a GEMM whose M is dynamic: a config per range of M (``config_for_m``)
+MM_BY_M_KERNEL = "cutetune_quack_mm_by_m"
+ADDMM_BY_M_KERNEL = "cutetune_quack_addmm_by_m"
+M_UNBOUNDED = 2 ** 62  # the largest M of a table's last range: every M
+
+
+# ---------------------------------------------------------------- run time
+class _Plan:
+    """What one metadata key resolved to: the config, the key of the kernel's TVM-FFI library
+    where one can serve it (``gemm_library``) and, after the first launch, how it runs:
+    ``run(a, b, out)`` from that library, else quack's dispatch plan (``via`` says which).
+    ``config is None`` means this key runs on ATen."""
+
+    __slots__ = ("config", "arch", "addend", "library", "run", "quack_config", "dispatch", "via")
+
+    def __init__(self, config: KernelConfig | None, arch: str | None = None,
+                 addend: str | None = None, library: str | None = None) -> None:
+        self.config, self.arch, self.addend, self.library = config, arch, addend, library
+        # quack's GemmConfig is made at the first launch through quack: its type imports quack
+        self.run = self.quack_config = self.dispatch = self.via = None
+
+
+_ATEN = _Plan(None)
+_plans: dict[tuple, _Plan] = {}
+
+
+def unsupported_reason(a, b, out, config, c=None, beta: float = 1.0) -> str | None:
+    """Why quack cannot run this call of ``quack_mm_out``, or None when it can."""
+    try:
+        problems.call_problem(a, b, out, as_config(config), c, beta)
+    except ProblemError as e:
+        return str(e)
+    return None
+
+
+def _build_plan(a, b, out, config: KernelConfig, c, alpha, beta) -> _Plan:
+    try:
+        problem, addend = problems.call_problem(a, b, out, config, c, beta)
+    except ProblemError as e:
+        log.info("cutetune: ATen for %s @ %s (%s)", tuple(a.shape), tuple(b.shape), e)
+        return _ATEN
+    library = None
+    if addend is None and alpha == 1 and a.dim() == 2 \
+            and gemm_library.unsupported_reason(problem, config) is None:
+        library = gemm_library.library_key(problem, config)
+    return _Plan(config, problem.arch, addend, library)
+
+
+def _aligned(*tensors) -> bool:
+    return all(t is None or t.data_ptr() % TMA_ALIGN_BYTES == 0 for t in tensors)
+
+
+def _aten(a, b, out, c, alpha, beta):
+    if c is not None:
+        return torch.addmm(c, a, b, beta=beta, alpha=alpha, out=out)
+    (torch.bmm if a.dim() == 3 else torch.mm)(a, b, out=out)
+    return out if alpha == 1 else out.mul_(alpha)
+
+
+_QUACK: tuple | None = None  # quack's entry point and constants, once imported
+_QUACK_LOCK = threading.Lock()  # one import at a time: the background one or the first launch's
+
+
+def _quack() -> tuple:
+    """quack's entry point and constants, imported on first use (quack takes seconds to
+    import; nothing else here needs it). A thread that asks while another imports waits for
+    that import instead of running its own; a failed import raises and is tried again on the
+    next call."""
+    global _QUACK
+    if _QUACK is None:
+        with _QUACK_LOCK:
+            if _QUACK is None:
+                t0 = time.perf_counter()
+                from quack.gemm_config import SplitKMode
+                from quack.gemm_interface import _gemm_execute
+                from quack.rounding import RoundingMode
+
+                log.info("cutetune: imported quack in %.2f s", time.perf_counter() - t0)
+                _QUACK = (_gemm_execute, SplitKMode.SERIAL, RoundingMode.RN)
+    return _QUACK
+
+
+def import_quack() -> None:
+    """Import quack now (seconds, once per process) rather than at the first launch."""
+    _quack()
+
+
+@lru_cache(maxsize=None)
+def import_quack_in_background() -> threading.Thread:
+    """Start importing quack in a daemon thread (once per process), for a compile that has
+    just chosen a quack kernel: the import then overlaps the rest of the compile wherever that
+    releases the GIL (Triton compile workers, disk, the GPU) instead of all landing on the
+    first launch. A failed import is logged; the first launch retries it and raises there."""
+
+    def run():
+        try:
+            _quack()
+        except Exception as e:  # noqa: BLE001
+            log.warning("cutetune: background import for quack failed (%s: %s)",
+                        type(e).__name__, e)
+
+    thread = threading.Thread(target=run, name="cutetune-import-quack", daemon=True)
+    thread.start()
+    return thread
+
+
+def await_background_import() -> None:
+    """Let ``import_quack_in_background``'s thread finish, if one was started: a fork while it
+    runs would leave the child waiting forever on quack's module lock, held by a thread the
+    child does not have (``prefetch.py`` forks the compile helper)."""
+    if import_quack_in_background.cache_info().currsize:
+        import_quack_in_background().join()
+
+
+def _launch(plan: _Plan, a, b, out, c, alpha, beta) -> None:
+    execute, serial, rn = _quack()
+    cfg = plan.config
+    if plan.quack_config is None:
+        plan.quack_config = cfg.to_quack(plan.arch)
+    bias = C = None
+    if plan.addend == "bias":
+        bias = c if c.dim() == 1 else c.select(0, 0)
+    elif plan.addend == "c":
+        C = c
+    plan.dispatch = execute(
+        a, b, out, C,
+        bias=bias, alpha=float(alpha), beta=float(beta) if C is not None else 1.0,
+        cu_seqlens_m=None, cu_seqlens_k=None, A_idx=None, batch_idx_permute=None,
+        add_to_output=False, dynamic_scheduler=cfg.is_dynamic_persistent,
+        config=plan.quack_config, rounding_mode=rn, sr_seed=0, concat_layout=None,
+        SFA=None, SFB=None, split_k=cfg.split_k, split_k_mode=serial,
+        dispatch_plan=plan.dispatch,
+    )
+
+
+def quack_kernel(config: KernelConfig, arch: str):
+    """``fn(a, b, out)``: the bare quack launch for one config, with no support checks and no
+    ATen fallback. The measurement harness times exactly this; ``quack_mm_out`` runs it once a
+    call is known to be supported."""
+    plan = _Plan(config, arch)
+    return lambda a, b, out: _launch(plan, a, b, out, None, 1.0, 1.0)
+
+
+def quack_dispatch_plan(config: KernelConfig, arch: str, a, b, out):
+    """quack's dispatch plan of ``a @ b`` into ``out`` for ``config``, after launching it as
+    ``quack_kernel`` does (``gemm_library`` builds libraries through this very call)."""
+    plan = _Plan(config, arch)
+    _launch(plan, a, b, out, None, 1.0, 1.0)
+    return plan.dispatch
+
+
+def _first_launch(plan: _Plan, a, b, out, c, alpha, beta) -> None:
+    """Launch from the kernel's library where it has one built and it runs, else through quack
+    (a failure there too reaches ``launch_first``, which retires the call to ATen)."""
+    if plan.library is not None and aot.launch_from_library(
+            plan, lambda: gemm_library.runner(plan.config, plan.library, a.device), (a, b, out),
+            "the kernel"):
+        return
+    _launch(plan, a, b, out, c, alpha, beta)
+    plan.via = "quack"
+
+
+def quack_mm_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config,
+                 c: torch.Tensor | None = None, alpha: float = 1.0,
+                 beta: float = 1.0) -> torch.Tensor:
+    """``out = alpha * (a @ b) + beta * c`` (``c`` optional: addmm's input) with quack's kernel
+    for ``config`` (a KernelConfig or its field tuple); mm for 2D ``a``/``b``, bmm for 3D.
+
+    Anything quack cannot take (dtype, device, strides, addend shape, a config invalid for the
+    problem, an unaligned base pointer) runs ATen's out= variant instead, so the result is
+    always right. A config whose first launch fails (compile error) is retired to ATen for that
+    metadata with a warning.
+    """
+    key = (config, a.shape, a.stride(), b.shape, b.stride(), out.shape, out.stride(), a.dtype,
+           out.dtype, a.device,
+           None if c is None else (c.shape, c.stride(), c.dtype), alpha, beta)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = _build_plan(a, b, out, as_config(config), c, alpha, beta)
+    if plan.config is None or out.numel() == 0 or not _aligned(a, b, out, c):
+        return _aten(a, b, out, c, alpha, beta)
+    if plan.run is not None:
+        plan.run(a, b, out)
+        return out
+    if plan.dispatch is not None:
+        _launch(plan, a, b, out, c, alpha, beta)
+        return out
+    if a.is_cuda and torch.cuda.is_current_stream_capturing():
+        # a first launch loads or compiles the kernel, which a CUDA graph being captured may
+        # refuse: this call runs ATen (and the graph keeps it), a later one launches the kernel
+        return _aten(a, b, out, c, alpha, beta)
+    if not launch_first(lambda: _first_launch(plan, a, b, out, c, alpha, beta),
+                        f"quack config {plan.config.short()} on {tuple(a.shape)} @ "
+                        f"{tuple(b.shape)}"):
+        _plans[key] = _ATEN
+        return _aten(a, b, out, c, alpha, beta)
+    return out
+
+
+def launch_first(launch, what: str) -> bool:
+    """Run a kernel's first launch (it compiles or loads the kernel) and log how long it took.
+    False, with a warning, when it raises: a kernel that cannot be built must not take the
+    model down, so the caller retires that call's metadata to ATen."""
+    t0 = time.perf_counter()
+    try:
+        launch()
+    except Exception as e:  # noqa: BLE001
+        log.warning("cutetune: %s failed (%s: %s); using ATen", what, type(e).__name__, e)
+        return False
+    log.info("cutetune: first launch of %s took %.3f s", what, time.perf_counter() - t0)
+    return True
+
+
+# ---------------------------------------------------------------- Inductor extern kernels
+def _cutetune_quack_mm(a, b, *, out, config):
+    return quack_mm_out(a, b, out, config)
+
+
+def _cutetune_quack_addmm(inp, a, b, *, out, config, alpha=1, beta=1):
+    return quack_mm_out(a, b, out, config, c=inp, alpha=alpha, beta=beta)
+
+
+# The M at which a GEMM whose M is dynamic is decided (``m_ranges``): every power of two up to
+# the heuristics grid's last M (their cells are that fine in M); the last rung's decision
+# holds beyond it.
+M_RUNGS = tuple(2 ** i for i in range(16))
+
+
+def m_ranges(pick_at) -> tuple[tuple[int, object], ...]:
+    """``pick_at(m)`` at each of ``M_RUNGS``, merged into ranges ``(largest M, pick)`` in
+    ascending M: a rung's range holds the M nearest it in log space (``M * M <= 2 * rung *
+    rung``), the last range every M above (``M_UNBOUNDED``)."""
+    table: list[tuple[int, object]] = []
+    for m in M_RUNGS:
+        pick, m_max = pick_at(m), math.isqrt(2 * m * m)
+        if table and table[-1][1] == pick:
+            table[-1] = (m_max, pick)
+        else:
+            table.append((m_max, pick))
+    table[-1] = (M_UNBOUNDED, table[-1][1])
+    return tuple(table)
+
+
+def config_for_m(table, m: int):
+    """The config (field tuple, or None for ATen) of the range of ``table`` that holds ``m``:
+    ``table`` is ``((largest M, config or None), ...)`` in ascending M, its last range
+    unbounded (``inductor.by_m_table``)."""
+    for m_max, config in table:
+        if m <= m_max:
+            return config
+    raise ValueError(f"M={m} is beyond the table's last range ({table[-1][0]})")
+
+
+def _cutetune_quack_mm_by_m(a, b, *, out, table):
+    return _cutetune_quack_addmm_by_m(None, a, b, out=out, table=table)
+
+
+def _cutetune_quack_addmm_by_m(inp, a, b, *, out, table, alpha=1, beta=1):
+    config = config_for_m(table, a.shape[0])
+    if config is None:
+        return _aten(a, b, out, inp, alpha, beta)
+    return quack_mm_out(a, b, out, config, c=inp, alpha=alpha, beta=beta)
+
+
+_extern: dict[str, object] = {}
+
+
+def extern_choices() -> dict[str, object]:
+    """Inductor ExternKernelChoices for mm/bmm and addmm, with one config or (``_BY_M``) one
+    per range of a dynamic M, registered once per process.
+
+    Generated code calls ``extern_kernels.cutetune_quack_mm(a, b, config=(...), out=buf)``: a
+    name registered when this runs (cutetune.tuner.inductor.choices runs it on import) and a literal
+    config, so code reloaded from Inductor's FX-graph cache in a fresh process resolves it as
+    soon as cutetune is enabled there, which a cache hit requires anyway (the installed choices
+    are part of the cache key)."""
+    if not _extern:
+        for name, fn in ((MM_KERNEL, _cutetune_quack_mm), (ADDMM_KERNEL, _cutetune_quack_addmm),
+                         (MM_BY_M_KERNEL, _cutetune_quack_mm_by_m),
+                         (ADDMM_BY_M_KERNEL, _cutetune_quack_addmm_by_m)):
+            _extern[name] = register_extern(name, fn)
+    return _extern
+
+
+def register_extern(name: str, fn):
+    """An Inductor ExternKernelChoice (out variant) that generated code calls as
+    ``extern_kernels.<name>``, registered under that name."""
+    from torch._inductor.select_algorithm import ExternKernelChoice, extern_kernels
+
+    if hasattr(extern_kernels, name):  # a reloaded module re-registers its kernels
+        delattr(extern_kernels, name)
+    return ExternKernelChoice(fn, name=name, has_out_variant=True)

@@ -1,0 +1,162 @@
+"""Measure problems x configs on the GPU into a Parquet dataset.
+
+Kernels compile GPU-blind in a pool of CPU workers (into quack's disk cache) while one GPU
+worker measures every (problem, config) whose kernel is ready, so collection is bound by the
+GPU, not by compilation. Each finished batch is appended atomically; re-running the same
+command skips what the dataset already holds. A config that fails to compile, raises,
+computes wrong results, hangs or kills its process is recorded with that status.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...models import dataset
+from ...space.config import KernelConfig
+from ...space.enumerate import enumerate_configs
+from ...space.problem import GemmProblem
+from ...space.suites import suite
+
+from ..kernels.compile import kernel_cache_dir
+from .executor import GpuExecutor, Measure, compile_task
+from .timing import TimingPolicy, init_gpu_worker, measure
+
+CHUNK = 256  # configs per request: bounds the work a crash sends back to one-at-a-time
+
+
+def load_problems(spec: str, dtype: str, arch: str, seed: int) -> list[tuple[str, GemmProblem]]:
+    """A suite name, or a JSON file: a list of {"m","n","k",...,"suite"?} objects."""
+    if spec.endswith(".json"):
+        try:
+            items = json.loads(Path(spec).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read problems file {spec}: {e}") from e
+        return [(d.pop("suite", Path(spec).stem),
+                 GemmProblem(**{"dtype": dtype, "out_dtype": dtype, "arch": arch, **d}))
+                for d in items]
+    return suite(spec, dtype, arch, seed)
+
+
+def configs_for(problem: GemmProblem, spec: str, seed: int) -> list[KernelConfig]:
+    """'all', 'sample:N' (a per-problem seeded sample), or a JSON file of config objects."""
+    valid = enumerate_configs(problem.arch, problem)
+    if spec == "all":
+        return valid
+    if spec.startswith("sample:"):
+        import random
+
+        n = int(spec.split(":", 1)[1])
+        h = int(hashlib.sha256(f"{seed}:{problem.key()}".encode()).hexdigest()[:8], 16)
+        return valid if n >= len(valid) else random.Random(h).sample(valid, n)
+    try:
+        items = json.loads(Path(spec).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--configs must be 'all', 'sample:N' or a JSON file; {spec}: {e}") from e
+    return [KernelConfig.from_dict(d) for d in items]
+
+
+@dataclass
+class Progress:
+    started: float = field(default_factory=time.monotonic)
+    measured: int = 0
+    by_status: dict = field(default_factory=lambda: defaultdict(int))
+    last_print: float = 0.0
+
+    def line(self, pending: int, ex: GpuExecutor) -> str:
+        mins = (time.monotonic() - self.started) / 60
+        c = ex.counters
+        return (f"[{mins * 60:6.0f}s] measured {self.measured} "
+                f"({self.measured / max(mins, 1e-9):.0f}/min), pending {pending}, kernels "
+                f"compiled {c.compiled} ({c.compiled / max(mins, 1e-9):.0f}/min), failed "
+                f"{c.compile_failed}, left {ex.kernels_left}; status {dict(self.by_status)}")
+
+
+def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget_s: float = 1e9,
+            compile_workers: int | None = None, cache_dir: str | None = None,
+            policy: TimingPolicy = TimingPolicy(), stats_path: str | None = None,
+            measure_fn=measure, gpu_init=init_gpu_worker, compile_fn=None) -> dict:
+    """Measure ``problems`` (list of (suite, GemmProblem)) x configs into dataset ``out``.
+
+    ``measure_fn(MeasureTask) -> rows``, run in a worker set up by ``gpu_init(cache_dir)``, and
+    ``compile_fn((problem, config)) -> seconds``, run in GPU-blind workers, are the two edges
+    to the hardware (see tuner.executor); tests swap them to exercise scheduling, isolation
+    and resume. Past ``time_budget_s`` no new GPU task starts; the one running finishes.
+    """
+    done = dataset.done_keys(out)
+    arches = {p.arch for _, p in problems}
+    if len(arches) != 1:
+        raise ValueError(f"one collect run measures one arch; got {sorted(arches)}")
+    arch = arches.pop()
+    # Requests of at most CHUNK configs, problem after problem: kernels compile in that order,
+    # so whole problems become measurable while the rest still compile, and consecutive GPU
+    # tasks reuse the problem's operand buffers.
+    requests: list[tuple[Measure, list[KernelConfig]]] = []
+    seen: set[GemmProblem] = set()
+    for name, p in problems:
+        if p in seen:
+            continue
+        seen.add(p)
+        todo = [c for c in configs_for(p, configs_spec, seed)
+                if (p.key(), "quack", c.short()) not in done]
+        cublas = (p.key(), "cublas", "") not in done
+        for i in range(0, max(len(todo), 1), CHUNK):
+            if todo[i:i + CHUNK] or cublas:
+                requests.append((Measure(p, name, cublas and i == 0), todo[i:i + CHUNK]))
+    total = sum(len(cs) for _, cs in requests)
+    print(f"collect: {len(seen)} problems, {total} pending measurements in {len(requests)} "
+          f"requests", file=sys.stderr)
+
+    n_compile = compile_workers or max(1, (os.cpu_count() or 2) - 2)
+    run_id = uuid.uuid4().hex[:12]
+    prog = Progress()
+    pending = total
+    ex = GpuExecutor(arch, kernel_cache_dir(cache_dir), n_compile, policy,
+                     depth=max(1, len(requests)), measure_fn=measure_fn, gpu_init=gpu_init,
+                     compile_fn=compile_fn or compile_task)
+    try:
+        for i, (request, configs) in enumerate(requests):
+            ex.submit(i, request, configs)
+        left = len(requests)
+        while left:
+            within_budget = time.monotonic() - prog.started <= time_budget_s
+            if not within_budget and not ex.measuring:
+                break
+            for d in ex.poll(timeout=0.2, start=within_budget):
+                left -= 1
+                pending -= len(requests[d.job_id][1])
+                for r in d.rows:
+                    r["run_id"] = run_id
+                    prog.by_status[r["status"]] += 1
+                dataset.append(out, d.rows)
+                prog.measured += len(d.rows)
+            if time.monotonic() - prog.last_print > 10:
+                prog.last_print = time.monotonic()
+                print(prog.line(pending, ex), file=sys.stderr, flush=True)
+    finally:
+        ex.close()
+    elapsed = time.monotonic() - prog.started
+    c = ex.counters
+    stats = {
+        "elapsed_s": elapsed, "measured": prog.measured, "by_status": dict(prog.by_status),
+        "kernels_compiled": c.compiled, "kernels_failed": c.compile_failed,
+        "compile_workers": n_compile, "compile_cpu_s": sum(ex.compile_s.values()),
+        "compile_wall_s": c.compile_wall_s,
+        "measurements_per_min": prog.measured / elapsed * 60,
+        "kernels_compiled_per_min": c.compiled / elapsed * 60,
+        "gpu_busy_fraction": c.gpu_busy_s / elapsed, "cache_misses": c.cache_misses,
+        "left_pending": pending, "time_budget_s": time_budget_s,
+    }
+    print(prog.line(pending, ex), file=sys.stderr)
+    print(json.dumps(stats, indent=1), file=sys.stderr)
+    if stats_path:
+        Path(stats_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(stats_path).write_text(json.dumps(stats, indent=1))
+    return stats
