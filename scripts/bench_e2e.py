@@ -39,7 +39,6 @@ import json
 import logging
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -48,10 +47,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+from benchlib import (HIDDEN, INTER, KV, LIMITS, geomean_check, kernel_counts, limit_check,
+                      rel_err, time_calls, workload_classes)
 
 REPO = Path(__file__).resolve().parent.parent
-HIDDEN, INTER, KV = 4096, 14336, 1024
 MS = (1, 16, 128, 1024, 4096, 8192)
 QUICK_MS = (16, 4096)
 MODES = ("default", "max-autotune", "predicted", "reduced")
@@ -61,113 +60,6 @@ ENABLE_FROM = ("cutetune", "cutetune.tuner.inductor")  # the module whose enable
 
 
 # ================================================================ worker (one fresh process)
-def _workloads(torch):
-    nn = torch.nn
-
-    class MLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.gate = nn.Linear(HIDDEN, INTER, bias=False)
-            self.up = nn.Linear(HIDDEN, INTER, bias=False)
-            self.down = nn.Linear(INTER, HIDDEN, bias=False)
-
-        def forward(self, x):
-            return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
-
-    class AttnProj(nn.Module):
-        """q/k/v projections of x and the output projection (applied to q, which has the
-        attention output's shape: the attention itself is not a GEMM node)."""
-
-        def __init__(self):
-            super().__init__()
-            self.q = nn.Linear(HIDDEN, HIDDEN, bias=False)
-            self.k = nn.Linear(HIDDEN, KV, bias=False)
-            self.v = nn.Linear(HIDDEN, KV, bias=False)
-            self.o = nn.Linear(HIDDEN, HIDDEN, bias=False)
-
-        def forward(self, x):
-            return self.o(self.q(x)), self.k(x), self.v(x)
-
-    return {"mlp": MLP, "attn": AttnProj}
-
-
-# Calls run before timing, at least this long: the first timed runs (M=16, same three ATen
-# GEMMs in two processes: 192 vs 104 us in data/bench/e2e_h200.json) came right after compile,
-# three calls in, and disagreed far beyond noise.
-WARMUP_S = 0.5
-# Each timed batch of calls lasts about this long (data/bench/e2e_h200.json timed 10 batches of
-# ~2 ms, and identical kernels differed by up to 16 % at M >= 1024 between processes).
-BATCH_S = 10e-3
-
-
-def _time_calls(torch, fn, x, repeats: int, warmup_s: float = WARMUP_S) -> dict:
-    """ms per call over ``repeats`` CUDA-event-timed batches of calls (each about BATCH_S),
-    after ``warmup_s`` of calls: the median, with p20 and p80 as the spread; ``host`` is the
-    median time to issue one call (well under the median: GPU-bound; near it: host-bound, or
-    the launch queue is full); ``cpu`` what the threads of this process and the whole machine
-    ran meanwhile (``_cpu_during``)."""
-    t0, calls = time.perf_counter(), 0
-    while calls < 3 or time.perf_counter() - t0 < warmup_s:
-        fn(x)
-        calls += 1
-        if calls % 8 == 0:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn(x)
-    torch.cuda.synchronize()
-    iters = max(1, min(1000, int(BATCH_S / max(time.perf_counter() - t0, 1e-6))))
-    times, host = [], []
-    cpu_before = _cpu_sample()
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn(x)
-        host.append((time.perf_counter() - t0) * 1e3 / iters)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / iters)
-    median, p20, p80 = np.quantile(times, (0.5, 0.2, 0.8))
-    return {"median": float(median), "p20": float(p20), "p80": float(p80),
-            "host": float(np.median(host)), "cpu": _cpu_during(cpu_before, _cpu_sample())}
-
-
-def _cpu_sample() -> dict | None:
-    """CPU jiffies of this process's threads (by name) and of the machine, from /proc (None
-    off Linux)."""
-    try:
-        threads = {}
-        for tid in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-            name = stat[stat.index("(") + 1:stat.rindex(")")]
-            fields = stat[stat.rindex(")") + 2:].split()
-            threads[f"{name}/{tid}"] = int(fields[11]) + int(fields[12])  # utime + stime
-        with open("/proc/stat") as f:
-            total = [int(v) for v in f.readline().split()[1:]]
-    except OSError:
-        return None
-    return {"t": time.perf_counter(), "threads": threads,  # busy: less idle, iowait, steal
-            "busy": sum(total) - sum(total[3:5]) - sum(total[7:8]), "total": sum(total),
-            "steal": sum(total[7:8])}
-
-
-def _cpu_during(a: dict | None, b: dict | None) -> dict | None:
-    """Cores' worth of CPU between two samples: each thread of this process above 2 % of a
-    core, the machine's busy cores (other processes included), and the cores' worth its
-    hypervisor ran other guests on instead (steal: a virtual machine's noisy neighbours)."""
-    if a is None or b is None:
-        return None
-    span = (b["t"] - a["t"]) * os.sysconf("SC_CLK_TCK")
-    threads = {k: round((v - a["threads"].get(k, 0)) / span, 3) for k, v in b["threads"].items()}
-    return {"threads": {k: v for k, v in sorted(threads.items(), key=lambda kv: -kv[1])
-                        if v >= 0.02},
-            "machine_busy_cores": round((b["busy"] - a["busy"]) / span, 2),
-            "steal_cores": round((b["steal"] - a["steal"]) / span, 3)}
-
-
 class _LogTimes(logging.Handler):
     """Keeps cutetune's launcher messages (quack's import time, each kernel's first launch,
     also of the fused SwiGLU kernel), the fusion pass's, the Inductor integration's (each
@@ -209,30 +101,6 @@ def watch_first_import(name: str) -> dict:
     return seen
 
 
-def _kernel_counts(code: str) -> dict:
-    return {
-        "quack": len(re.findall(r"extern_kernels\.cutetune_quack_(?:add)?mm\(", code)),
-        "aten": len(re.findall(r"extern_kernels\.(?:mm|addmm|bmm|bias_addmm)\(", code)),
-        "triton_template": len(re.findall(r"\btriton_tem_\w+\.run\(", code)),
-        # the fused op as an extern kernel, or (before 2026-12-01, or under the C++ wrapper) as
-        # the custom op
-        "quack_swiglu": len(re.findall(r"extern_kernels\.cutetune_quack_mm_silu_mul\(|"
-                                       r"torch\.ops\.cutetune\.mm_silu_mul\.default\(", code)),
-        # a config per range of a dynamic M (ATen in some ranges)
-        "quack_by_m": len(re.findall(r"extern_kernels\.cutetune_quack_(?:add)?mm_by_m\(", code)),
-        "quack_swiglu_by_m": len(re.findall(
-            r"extern_kernels\.cutetune_quack_mm_silu_mul_by_m\(|"
-            r"torch\.ops\.cutetune\.mm_silu_mul_by_m\.default\(", code)),
-    }
-
-
-def _rel_err(torch, out, ref) -> float:
-    outs = out if isinstance(out, tuple) else (out,)
-    refs = ref if isinstance(ref, tuple) else (ref,)
-    return max(((o.float() - r.float()).norm() / r.float().norm()).item()
-               for o, r in zip(outs, refs))
-
-
 def worker(spec: dict) -> dict:
     import contextlib
 
@@ -251,7 +119,7 @@ def worker(spec: dict) -> dict:
     results = {}
     log_times = _LogTimes()
     quack_import = watch_first_import("quack")
-    for name, cls in _workloads(torch).items():
+    for name, cls in workload_classes(torch).items():
         module = cls().to(dev, torch.bfloat16).eval()
         with torch.no_grad():
             ref = module(x)  # eager: also initializes cuBLAS before the compile is timed
@@ -279,19 +147,19 @@ def worker(spec: dict) -> dict:
             t0 = time.perf_counter()
             helper = _prefetch_stats(wait=True)  # steady state: no background compile running
             helper_wait_s = time.perf_counter() - t0
-            step = _time_calls(torch, compiled, x, spec["repeats"])
+            step = time_calls(torch, compiled, x, spec["repeats"])
             steady = compiled(x)
-            eager = _time_calls(torch, module, x, spec["repeats"])
+            eager = time_calls(torch, module, x, spec["repeats"])
         results[name] = {"compile_s": compile_s, "compile_phases_s": phases,
                          "step_ms": step["median"],
                          "step_ms_p20": step["p20"], "step_ms_p80": step["p80"],
                          "eager_ms": eager["median"],
                          "step_host_ms": step["host"], "eager_host_ms": eager["host"],
                          "step_cpu": step["cpu"], "launcher_log": log_times.events,
-                         "rel_err": _rel_err(torch, out, ref),
-                         "rel_err_steady": _rel_err(torch, steady, ref),
+                         "rel_err": rel_err(torch, out, ref),
+                         "rel_err_steady": rel_err(torch, steady, ref),
                          "fused_via": _fused_via(),
-                         "kernels": _kernel_counts("\n".join(code)),
+                         "kernels": kernel_counts("\n".join(code)),
                          "quack_imported": not quack_before and "quack" in sys.modules,
                          "quack_imported_by": None if quack_before else quack_import.get("by"),
                          "prefetched": prefetched, "helper_wait_s": helper_wait_s,
@@ -547,22 +415,6 @@ def _rounds(res: dict) -> list[int]:
     return sorted({r.get("round", 0) for r in res["runs"]})
 
 
-# Issue #6's limits, one per check (``targets`` here, ``step_targets`` in step_ab.py).
-LIMITS = {"predicted_compile_cold_over_default_s": 2.0,
-          "predicted_compile_warm_over_default_s": 0.5,
-          "predicted_step_over_best_ratio": 1.01,
-          "reduced_compile_cold_over_max_autotune_s": 0.0,
-          "reduced_compile_warm_over_max_autotune_s": 0.0,
-          "reduced_step_over_predicted_ratio": 1.01,
-          "predicted_step_geomean_m_ge_1024_over_best": 0.97}
-
-
-def limit_check(by_m: dict, limit: float) -> dict:
-    """A check of a value per M against ``limit`` (met: every value at most the limit)."""
-    return {"limit": limit, "by_m": by_m, "checked": len(by_m),
-            "met": all(v <= limit for v in by_m.values()) if by_m else None}
-
-
 def rounds_check(by_m_rounds: dict, limit: float) -> dict:
     """``limit_check`` of each M's median over rounds (``by_m_rounds``: M -> the value of each
     round that measured both sides), with the rounds' values where there were several."""
@@ -570,15 +422,6 @@ def rounds_check(by_m_rounds: dict, limit: float) -> dict:
     if any(len(v) > 1 for v in by_m_rounds.values()):
         out["by_m_rounds"] = by_m_rounds
     return out
-
-
-def geomean_check(values: list, limit: float) -> dict:
-    """A check of the geometric mean of ``values`` against ``limit``."""
-    from cutetune.models.evaluate import geomean
-
-    gm = geomean(values) if values else None
-    return {"limit": limit, "value": gm, "checked": len(values),
-            "met": None if gm is None else gm <= limit}
 
 
 def targets(res: dict) -> dict:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -19,28 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
+from benchlib import SHAPES, cpu_name
+
 from cutetune.space import GemmProblem, enumerate_configs
 from cutetune.space.device import device_for
 from cutetune.space.features import FEATURE_NAMES, problem_feature_matrix
 
 TARGET_MS = 5.0
-# Square, skinny (decode-like, where split-K and swap_ab matter), batched with odd sizes.
-SHAPES = (
-    dict(m=4096, n=4096, k=4096),
-    dict(m=16, n=8192, k=8192),
-    dict(m=8192, n=1024, k=28672, a_major="m"),
-    dict(m=1000, n=1000, k=64, batch=8),
-)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def time_ms(fn, runs: int, warmup: int = 5) -> list[float]:

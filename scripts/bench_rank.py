@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_features import SHAPES, cpu_name  # scripts/ is on sys.path when run as a script
+from benchlib import SHAPES, cpu_name
 
 from cutetune.models import load_model
 from cutetune.space import GemmProblem

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The shipped H200 heuristics (cutetune/data/heuristics_sm90_bf16.json) from the committed
 # model, dataset, Triton sweeps and retimes, step reports and SwiGLU benchmarks: the one
-# command the README's reproduce table and scripts/h200_session.sh both run. Any CPU host
-# (about 3 min on 2 cores). OUT defaults to the shipped file.
+# command the README's reproduce table runs (and the H200 sessions ran, in
+# scripts/h200_session.sh: docs/reproduce_removed.md). Any CPU host (about 3 min on 2 cores).
+# OUT defaults to the shipped file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-cutetune/data/heuristics_sm90_bf16.json}

@@ -27,108 +27,20 @@ import argparse
 import contextlib
 import gc
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_e2e import (HIDDEN, LIMITS, _kernel_counts, _time_calls, _workloads,  # noqa: E402
-                       geomean_check, limit_check)
+from benchlib import (HIDDEN, LIMITS, allowed_cpus, compiled_step, geomean_check, interleaved,
+                      kernel_counts, limit_check, mode_installation, pinned,
+                      run_and_capture_code, time_calls, wait_for_helpers, workload_classes)
 
-from cutetune.tuner.measure import launch_host_us  # noqa: E402
+from cutetune.tuner.measure import launch_host_us
 
 MODES = ("default", "max-autotune", "predicted", "reduced")
 # predicted mode's variants, each held to predicted's step limit in the report (not issue targets)
 VARIANTS = ("predicted-heldout", "predicted-unfused")
-
-
-def _fresh_step(module):
-    """``step(x) = module(x)`` with a code object of its own: Dynamo caches compiled code per
-    code object, so each mode's compile stays its own."""
-    namespace = {"module": module}
-    exec("def step(x):\n    return module(x)\n", namespace)  # noqa: S102
-    return namespace["step"]
-
-
-def _installation(mode: str, heldout_model: str | None):
-    from cutetune.tuner.inductor import enable
-
-    if mode == "predicted-heldout":
-        return enable("predicted", model=heldout_model)
-    if mode == "predicted-unfused":
-        return enable("predicted", fuse_swiglu=False)
-    return enable(mode) if mode in ("predicted", "reduced") else contextlib.nullcontext()
-
-
-def _compiled(module, mode: str):
-    """The mode's ``torch.compile`` of ``module``'s own step (max-autotune: ATen and Triton
-    GEMM backends, as in bench_e2e)."""
-    import torch
-
-    options = ({"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
-               if mode == "max-autotune" else None)
-    return torch.compile(_fresh_step(module), options=options)
-
-
-def _interleaved(torch, fns: dict, x, rounds: int) -> dict:
-    """Each of ``fns`` timed on ``x`` in ``rounds`` rounds, each round starting one function
-    later than the last (so that none always runs after the same one): name -> the rounds'
-    ``_time_calls`` results."""
-    timed, order = {name: [] for name in fns}, list(fns)
-    for r in range(rounds):
-        for name in order[r % len(order):] + order[:r % len(order)]:
-            timed[name].append(_time_calls(torch, fns[name], x, repeats=3, warmup_s=0.0))
-    return timed
-
-
-def _run_and_capture_code(fn, x):
-    """``fn(x)`` and the output code Inductor generates meanwhile. Not Inductor's
-    ``run_and_get_code``: it resets Dynamo, which throws away the modes compiled before, so
-    they compile again when timed, outside their cutetune installation (as the default's code).
-    Until 2026-11-30 this script timed every mode but the last compiled that way."""
-    from unittest import mock
-
-    from torch._inductor.graph import GraphLowering
-
-    codes = []
-    with mock.patch.object(GraphLowering, "save_output_code", codes.append):
-        out = fn(x)
-    return out, codes
-
-
-def _wait_for_helpers(timeout_s: float) -> dict:
-    """Let cutetune's compile helpers finish what they were sent (the fused kernels predicted
-    mode builds beside the compile; calls run ATen until then): what each reported."""
-    from cutetune.tuner import prefetch
-
-    return {arch: {**helper.wait(timeout=timeout_s), "failures": helper.failures()}
-            for arch, helper in prefetch.SHARED_PREFETCHERS.items()}
-
-
-def _allowed_cpus(cpu: int) -> set[int]:
-    """The CPUs this thread may run on, which must hold ``cpu`` (ValueError naming them)."""
-    allowed = os.sched_getaffinity(0)
-    if cpu not in allowed:
-        raise ValueError(f"cannot pin to CPU {cpu}: this process may run on CPUs "
-                         f"{sorted(allowed)} only")
-    return allowed
-
-
-@contextlib.contextmanager
-def _pinned(cpu: int | None):
-    """The calling thread on ``cpu`` alone meanwhile (None: as it was)."""
-    if cpu is None:
-        yield
-        return
-    before = _allowed_cpus(cpu)
-    os.sched_setaffinity(0, {cpu})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 @contextlib.contextmanager
@@ -160,27 +72,27 @@ def measure(m: int, modes, workloads, rounds: int, heldout_model: str | None = N
            "modes": list(modes), "rounds": rounds, "pinned_cpu": pin_cpu, "gc_off": gc_off,
            "launch_host_us": {"before": launch_host_us()}, "workloads": {}}
     for name in workloads:
-        module = _workloads(torch)[name]().to("cuda", torch.bfloat16).eval()
+        module = workload_classes(torch)[name]().to("cuda", torch.bfloat16).eval()
         fns, kernels, compile_s = {"eager": module}, {}, {}
         with torch.no_grad():
             for mode in modes:
-                fns[mode] = _compiled(module, mode)
+                fns[mode] = compiled_step(module, mode)
                 t0 = time.perf_counter()
-                with _installation(mode, heldout_model):
-                    code = _run_and_capture_code(fns[mode], x)[1]
+                with mode_installation(mode, heldout_model):
+                    code = run_and_capture_code(fns[mode], x)[1]
                 compile_s[mode] = time.perf_counter() - t0
-                kernels[mode] = _kernel_counts("\n".join(code))
+                kernels[mode] = kernel_counts("\n".join(code))
                 if save_code is not None:
                     save_code.mkdir(parents=True, exist_ok=True)
                     (save_code / f"m{m}_{name}_{mode}.py").write_text("\n".join(code))
-            helpers = _wait_for_helpers(600.0)  # time the kernels the modes compiled
+            helpers = wait_for_helpers(600.0)  # time the kernels the modes compiled
             recompiled = {}  # a graph Dynamo compiles again here runs without cutetune
             for mode, fn in fns.items():
                 graphs = counters["stats"]["unique_graphs"]
-                _time_calls(torch, fn, x, repeats=1)  # warm-up
+                time_calls(torch, fn, x, repeats=1)  # warm-up
                 recompiled[mode] = counters["stats"]["unique_graphs"] - graphs
-            with _pinned(pin_cpu), _gc_paused(gc_off):
-                timed = _interleaved(torch, fns, x, rounds)
+            with pinned(pin_cpu), _gc_paused(gc_off):
+                timed = interleaved(torch, fns, x, rounds)
         res["workloads"][name] = {
             "kernels": kernels,
             "graphs_compiled_when_timed": recompiled,
@@ -211,7 +123,7 @@ def counted_steps(workload: dict, drop=()) -> dict:
 
 
 def step_targets(parts: list[dict], drop=()) -> dict:
-    """The issue's step-time targets (bench_e2e.LIMITS) per workload over one-process results
+    """The issue's step-time targets (benchlib.LIMITS) per workload over one-process results
     (one per M) and their ``counted_steps``; a check needs the modes it compares in the same
     result. predicted's VARIANTS, where measured, are held to the predicted-mode limit too (not
     issue targets: predicted-heldout shows what shapes the Triton table was not fitted on get,
@@ -279,7 +191,7 @@ def main() -> None:
         parts = [json.loads(Path(f).read_text()) for f in args.report]
     try:
         if args.pin_cpu is not None:
-            _allowed_cpus(args.pin_cpu)  # before any compile
+            allowed_cpus(args.pin_cpu)  # before any compile
         targets = step_targets(parts, set(args.drop_modes)) if args.report else None
     except ValueError as e:
         raise SystemExit(str(e)) from None

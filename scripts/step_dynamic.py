@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_e2e import HIDDEN, _kernel_counts, _rel_err, _time_calls, _workloads  # noqa: E402
-from step_ab import (_compiled, _installation, _interleaved, _pinned,  # noqa: E402
-                     _run_and_capture_code, _wait_for_helpers)
+from benchlib import (HIDDEN, compiled_step, interleaved, kernel_counts, mode_installation,
+                      pinned, rel_err, run_and_capture_code, time_calls, wait_for_helpers,
+                      workload_classes)
 
 MODES = ("default", "max-autotune", "predicted")
 MS = (1, 16, 128, 1024, 2048, 4096, 8192)
@@ -50,40 +48,40 @@ def measure(ms, compile_m: int, modes, workloads, rounds: int, pin_cpu: int | No
            "torch": torch.__version__, "modes": list(modes), "rounds": rounds,
            "pinned_cpu": pin_cpu, "workloads": {}}
     for name in workloads:
-        module = _workloads(torch)[name]().to("cuda", torch.bfloat16).eval()
+        module = workload_classes(torch)[name]().to("cuda", torch.bfloat16).eval()
         fns, kernels, graphs, first_call_s, errors = {"eager": module}, {}, {}, {}, {}
         with torch.no_grad():
             refs = {m: module(x) for m, x in xs.items()}
             for mode in modes:
-                fn = fns[mode] = _compiled(module, mode)
+                fn = fns[mode] = compiled_step(module, mode)
                 x0 = torch.randn(compile_m, HIDDEN, device="cuda", dtype=torch.bfloat16)
                 torch._dynamo.mark_dynamic(x0, 0)
                 before = counters["stats"]["unique_graphs"]
-                with _installation(mode, None):
+                with mode_installation(mode, None):
                     t0 = time.perf_counter()
-                    code = _run_and_capture_code(fn, x0)[1]
+                    code = run_and_capture_code(fn, x0)[1]
                     first_call_s[mode] = {"compile": time.perf_counter() - t0}
                     for m, x in xs.items():  # each M's first call: a new kernel loads here
                         t0 = time.perf_counter()
-                        more = _run_and_capture_code(fn, x)[1]
+                        more = run_and_capture_code(fn, x)[1]
                         torch.cuda.synchronize()
                         first_call_s[mode][m] = time.perf_counter() - t0
                         code += more
                 graphs[mode] = counters["stats"]["unique_graphs"] - before
-                kernels[mode] = _kernel_counts("\n".join(code))
+                kernels[mode] = kernel_counts("\n".join(code))
                 if save_code is not None:
                     save_code.mkdir(parents=True, exist_ok=True)
                     (save_code / f"dynamic_{name}_{mode}.py").write_text("\n".join(code))
-            helpers = _wait_for_helpers(600.0)
+            helpers = wait_for_helpers(600.0)
             for mode, fn in fns.items():
-                errors[mode] = {m: _rel_err(torch, fn(x), refs[m]) for m, x in xs.items()}
+                errors[mode] = {m: rel_err(torch, fn(x), refs[m]) for m, x in xs.items()}
             timed = {}
             graphs_before = counters["stats"]["unique_graphs"]
-            with _pinned(pin_cpu):
+            with pinned(pin_cpu):
                 for m, x in xs.items():
                     for fn in fns.values():
-                        _time_calls(torch, fn, x, repeats=1)  # warm-up
-                    timed[m] = _interleaved(torch, fns, x, rounds)
+                        time_calls(torch, fn, x, repeats=1)  # warm-up
+                    timed[m] = interleaved(torch, fns, x, rounds)
         step = {m: {mode: float(np.median([t["median"] for t in ts])) * 1e3
                     for mode, ts in by_mode.items()} for m, by_mode in timed.items()}
         res["workloads"][name] = {

@@ -23,18 +23,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from triton_mm_sweep import FAMILIES, family_of  # noqa: E402
+from benchlib import FAMILIES, family_of
 
-from cutetune.models.evaluate import geomean  # noqa: E402
-from cutetune.models.triton_mm import (StepHostCosts, TritonTable, fastest_retimed,  # noqa: E402
+from cutetune.models.evaluate import geomean
+from cutetune.models.triton_mm import (StepHostCosts, TritonTable, fastest_retimed,
                                        fit, fit_launch_costs, holdout, load_retimed,
                                        load_sweep, m_bucket)
-from cutetune.tuner.heuristics import Heuristics, default_path, predicted_triton_shapes  # noqa: E402
+from cutetune.tuner.heuristics import Heuristics, default_path, predicted_triton_shapes
 
 
 def summary(rows: list[dict]) -> dict:

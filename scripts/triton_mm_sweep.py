@@ -27,24 +27,14 @@ import argparse
 import time
 from pathlib import Path
 
+from benchlib import FAMILIES
+
 from cutetune.space.problem import GemmProblem
-from cutetune.space.suites import LLM_LAYERS
 from cutetune.tuner.triton_timings import append_row, shapes_in, sweep_row
 
-# (N, K) of the Linear layers (out, in features) of each model family swept, in sweep order.
-FAMILIES: dict[str, tuple[tuple[int, int], ...]] = {
-    "llama3_8b": ((4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (6144, 4096)),
-    "llama3_70b": tuple(LLM_LAYERS["llama3_70b"].values()),
-    "llama3.2_1b": ((2048, 2048), (512, 2048), (8192, 2048), (2048, 8192)),
-    **{f: tuple(dict.fromkeys(LLM_LAYERS[f].values()))
-       for f in ("qwen2.5_7b", "mistral_nemo_12b", "phi3_mini")},
-}
 MS = (1, 4, 16, 64, 128, 256)
 
 
-def family_of(n: int, k: int) -> str:
-    """The first family with a layer of this (N, K), or "other"."""
-    return next((f for f, nks in FAMILIES.items() if (n, k) in nks), "other")
 def measure_shape(m: int, n: int, k: int, majors: str, search_space: str = "DEFAULT") -> dict:
     """Compile torch.mm of (M,K) x (K,N) in the given operand majors under max-autotune, with
     Inductor's Triton configs from ``search_space``, and return every choice Inductor

@@ -12,7 +12,11 @@
 The problems are the exhaustive suite's that the committed dataset lacks: the shipped model
 was trained without them, and the collector sweeps every valid config of them.
 
-  python scripts/tune_gpu_bench.py run --out $OUT/tune_runs.jsonl --dataset /tmp/tune-data
+cutetune must be importable: installed, or (as on the GPU host, which runs from an uninstalled
+checkout) the repo root on PYTHONPATH, as below; the per-problem processes run from the root.
+
+  PYTHONPATH=$PWD python scripts/tune_gpu_bench.py run --out $OUT/tune_runs.jsonl \
+      --dataset /tmp/tune-data
   python scripts/tune_gpu_bench.py report --runs data/bench/tune_gpu_h200.jsonl \
       --dataset data/h200_bf16 --out data/reports/tune_gpu_h200
 """
@@ -29,15 +33,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # the GPU host runs from an uninstalled checkout
+from cutetune import dataset
+from cutetune.models.evaluate import geomean
+from cutetune.space.enumerate import enumerate_configs
+from cutetune.space.suites import suite
+from cutetune.tuner.backends import ReplayBackend
+from cutetune.tuner.replay import exhaustive_problems
 
-from cutetune import dataset  # noqa: E402
-from cutetune.models.evaluate import geomean  # noqa: E402
-from cutetune.space.enumerate import enumerate_configs  # noqa: E402
-from cutetune.space.suites import suite  # noqa: E402
-from cutetune.tuner.backends import ReplayBackend  # noqa: E402
-from cutetune.tuner.replay import exhaustive_problems  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def unseen_problems(trained_on: str | Path):

@@ -6,14 +6,26 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("bench_e2e", REPO / "scripts" / "bench_e2e.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+
+
+def _script(name: str):
+    """scripts/NAME.py as a module."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The scripts' shared helpers, which they import as ``benchlib`` (``python scripts/NAME.py``
+# finds it on sys.path): loaded by path, under that name, before any script.
+benchlib = sys.modules["benchlib"] = _script("benchlib")
+bench = _script("bench_e2e")
 COMMITTED = REPO / "data" / "bench" / "e2e_h200.json"
 
 
@@ -80,9 +92,10 @@ def test_quack_launch_host_time_follows_from_the_committed_measurements():
 
 def test_library_launch_costs_in_the_committed_probes():
     """What QUACK_LAUNCH_HOST_US's comment says of quack launched from its TVM-FFI library,
-    from both H200 runs of scripts/launch_probe.py: in a compiled single-GEMM graph it costs the
-    host -0.5 to +5.6 us against ATen's extern call and 9-12 us more than a Triton template;
-    every call ran from the library; quack's GPU gain over cuBLAS is at most 2.4 us."""
+    from both H200 runs of scripts/launch_probe.py (since removed: docs/reproduce_removed.md):
+    in a compiled single-GEMM graph it costs the host -0.5 to +5.6 us against ATen's extern
+    call and 9-12 us more than a Triton template; every call ran from the library; quack's GPU
+    gain over cuBLAS is at most 2.4 us."""
     deltas, gaps, gains = [], [], []
     for name in ("launch_probe_h200.json.gz", "launch_probe_h200_r2.json.gz"):
         res = json.loads(gzip.decompress((REPO / "data" / "bench" / name).read_bytes()))
@@ -102,13 +115,6 @@ def test_library_launch_costs_in_the_committed_probes():
     assert -0.6 < min(deltas) and max(deltas) < 5.7, deltas
     assert 9.0 < min(gaps) and max(gaps) < 12.5, gaps
     assert max(gains) < 2.5, gains
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _step_ab():
@@ -157,16 +163,15 @@ def test_step_timing_pins_to_one_cpu_and_restores():
     a CPU the process may not use is named in the error."""
     import os
 
-    ab = _step_ab()
     allowed = os.sched_getaffinity(0)
     cpu = max(allowed)
-    with ab._pinned(cpu):
+    with benchlib.pinned(cpu):
         assert os.sched_getaffinity(0) == {cpu}
     assert os.sched_getaffinity(0) == allowed
-    with ab._pinned(None):
+    with benchlib.pinned(None):
         assert os.sched_getaffinity(0) == allowed
     with pytest.raises(ValueError, match=f"cannot pin to CPU {max(allowed) + 1}"):
-        with ab._pinned(max(allowed) + 1):
+        with benchlib.pinned(max(allowed) + 1):
             pass
     assert os.sched_getaffinity(0) == allowed
 
@@ -195,14 +200,12 @@ def test_step_timing_pauses_the_garbage_collector_and_restores_it():
 def test_cpu_samples_count_steal_apart_from_busy(monkeypatch):
     """The machine's steal time (fields 8 of /proc/stat's cpu line) is its own figure, not
     busy time."""
-    import bench_e2e
-
     a = {"t": 0.0, "threads": {}, "busy": 100, "total": 1000, "steal": 10}
     b = {"t": 1.0, "threads": {}, "busy": 100 + 50, "total": 2000, "steal": 10 + 25}
-    monkeypatch.setattr(bench_e2e.os, "sysconf", lambda name: 100)
-    assert bench_e2e._cpu_during(a, b) == {"threads": {}, "machine_busy_cores": 0.5,
+    monkeypatch.setattr(benchlib.os, "sysconf", lambda name: 100)
+    assert benchlib.cpu_during(a, b) == {"threads": {}, "machine_busy_cores": 0.5,
                                            "steal_cores": 0.25}
-    sample = bench_e2e._cpu_sample()
+    sample = benchlib.cpu_sample()
     if sample is not None:  # Linux
         assert sample["busy"] + sample["steal"] <= sample["total"]
 
@@ -225,13 +228,12 @@ def test_capturing_code_keeps_the_modes_compiled_before():
     import torch
     from torch._dynamo.utils import counters
 
-    ab = _step_ab()
     torch._dynamo.reset()
-    first = torch.compile(ab._fresh_step(torch.sin), backend="eager")
-    second = torch.compile(ab._fresh_step(torch.cos), backend="eager")
+    first = torch.compile(benchlib.fresh_step(torch.sin), backend="eager")
+    second = torch.compile(benchlib.fresh_step(torch.cos), backend="eager")
     x = torch.ones(3)
-    ab._run_and_capture_code(first, x)
-    ab._run_and_capture_code(second, x)
+    benchlib.run_and_capture_code(first, x)
+    benchlib.run_and_capture_code(second, x)
     graphs = counters["stats"]["unique_graphs"]
     first(x)
     second(x)
@@ -239,25 +241,25 @@ def test_capturing_code_keeps_the_modes_compiled_before():
 
 
 def test_each_compiled_step_gets_its_own_code_object():
-    ab = _step_ab()
-    first, second = ab._fresh_step(len), ab._fresh_step(len)
+    first, second = benchlib.fresh_step(len), benchlib.fresh_step(len)
     assert first.__code__ is not second.__code__ and first("abc") == second("abc") == 3
 
 
 def test_cpu_during_timing_names_the_busy_thread():
     import time
 
-    before = bench._cpu_sample()
+    before = benchlib.cpu_sample()
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < 0.3:  # this thread spins
         pass
-    cpu = bench._cpu_during(before, bench._cpu_sample())
+    cpu = benchlib.cpu_during(before, benchlib.cpu_sample())
     assert max(cpu["threads"].values()) > 0.3 and cpu["machine_busy_cores"] > 0.3
-    assert bench._cpu_during(None, before) is None  # off Linux: nothing sampled
+    assert benchlib.cpu_during(None, before) is None  # off Linux: nothing sampled
 
 
 FIRST_IMPORT = """
-import importlib.util, json, sys
+import importlib.util, json, os, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))  # benchlib, as for a script run
 spec = importlib.util.spec_from_file_location("bench_e2e", sys.argv[1])
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
