@@ -56,7 +56,7 @@ QUICK_MS = (16, 4096)
 MODES = ("default", "max-autotune", "predicted", "reduced")
 # Guesses of a run's duration (s) before one of its kind has been seen; then the longest seen.
 GUESS_S = {"default": 30, "max-autotune": 90, "predicted": 45, "reduced": 90}
-ENABLE_FROM = ("cutetune", "cutetune.tuner.inductor")  # the module whose enable() is called
+ENABLE_FROM = ("cutetune", "cutetune.tuner.inductor.choices")  # the module whose enable() is called
 
 
 # ================================================================ worker (one fresh process)
@@ -69,9 +69,9 @@ class _LogTimes(logging.Handler):
     def __init__(self):
         super().__init__(logging.INFO)
         self.restart()
-        for name in ("cutetune.tuner.launcher", "cutetune.tuner.swiglu",
-                     "cutetune.tuner.fusion_pass", "cutetune.tuner.inductor",
-                     "cutetune.tuner.prefetch"):
+        for name in ("cutetune.tuner.kernels.launcher", "cutetune.tuner.kernels.swiglu",
+                     "cutetune.tuner.inductor.passes", "cutetune.tuner.inductor.choices",
+                     "cutetune.tuner.kernels.helper"):
             logger = logging.getLogger(name)
             logger.setLevel(logging.INFO)
             logger.addHandler(self)
@@ -189,9 +189,9 @@ def _fused_via() -> list | None:
     """What the fused SwiGLU calls ran through once timed (``swiglu.launched_via``: "library",
     "quack"; None for ATen), or None outside cutetune's modes. The first call may have run
     ATen while the compile helper built the kernel."""
-    if "cutetune.tuner.swiglu" not in sys.modules:
+    if "cutetune.tuner.kernels.swiglu" not in sys.modules:
         return None
-    from cutetune.tuner import swiglu
+    from cutetune.tuner.kernels import swiglu
 
     vias = sorted({str(p.via) for p in swiglu._plans.values()})
     swiglu._plans.clear()  # the next workload's calls start afresh
@@ -201,9 +201,9 @@ def _fused_via() -> list | None:
 def _templates_cached() -> int | None:
     """Template kernels in cutetune's template cache (None outside cutetune's modes): equal
     after the cold and the warm run when the warm one compiled none."""
-    if "cutetune.tuner.template_cache" not in sys.modules:
+    if "cutetune.tuner.inductor.template_cache" not in sys.modules:
         return None
-    from cutetune.tuner.template_cache import stored_templates
+    from cutetune.tuner.inductor.template_cache import stored_templates
 
     return stored_templates()
 
@@ -211,9 +211,9 @@ def _templates_cached() -> int | None:
 def _prefetch_stats(wait: bool) -> dict | None:
     """Kernels the compile helper was sent so far in this process, by state, with its
     timeline (``KernelPrefetcher.timeline``); with ``wait``, once none is pending."""
-    if "cutetune.tuner.prefetch" not in sys.modules:
+    if "cutetune.tuner.kernels.helper" not in sys.modules:
         return None
-    from cutetune.tuner.prefetch import SHARED_PREFETCHERS
+    from cutetune.tuner.kernels.helper import SHARED_PREFETCHERS
 
     return {arch: {**(pf.wait(timeout=300) if wait else pf.stats()),
                    "timeline": list(pf.timeline)}
@@ -229,7 +229,8 @@ def overhead_worker(spec: dict) -> dict:
     import torch
 
     from cutetune.space.config import quack_default_config
-    from cutetune.tuner.launcher import config_tuple, device_arch, import_quack, quack_mm_out
+    from cutetune.tuner.kernels.launcher import import_quack, quack_mm_out
+    from cutetune.tuner.kernels.problems import config_tuple, device_arch
 
     m = n = k = spec["size"]
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -300,7 +301,7 @@ def _env(inductor_dir: Path, kernel_dir: Path | None, prebuilt: bool = True) -> 
 
 
 def run_gpu(args) -> dict:
-    from cutetune.tuner.heuristics import Heuristics, PackagedHeuristics
+    from cutetune.models.heuristics import Heuristics, PackagedHeuristics
 
     heuristics = str(Path(args.heuristics).resolve()) if args.heuristics else None
     if heuristics:
@@ -591,10 +592,11 @@ def plot(res: dict, path: Path) -> None:
 def run_cpu(args) -> dict:
     from cutetune.models.triton_mm import config_key
     from cutetune.space.problem import GemmProblem
-    from cutetune.tuner import heuristics as hz
-    from cutetune.tuner.inductor import (QUACK_LAUNCH_HOST_US, REDUCED_TOP_K, by_m_table,
-                                         decide, decide_swiglu, triton_candidates)
-    from cutetune.tuner.launcher import m_ranges
+    from cutetune.models import heuristics as hz
+    from cutetune.models.triton_mm import QUACK_LAUNCH_HOST_US
+    from cutetune.tuner.inductor.decisions import (REDUCED_TOP_K, by_m_table, decide,
+                                                   decide_swiglu, triton_candidates)
+    from cutetune.tuner.kernels.launcher import m_ranges
 
     if args.heuristics:
         path, source = Path(args.heuristics), "given file"
@@ -730,7 +732,7 @@ def main(argv=None) -> int:
                     help="leave out the tiny-GEMM launch overhead (measured by another part)")
     ap.add_argument("--enable-from", choices=ENABLE_FROM, default=ENABLE_FROM[0],
                     help="cutetune's entry: cutetune.enable (forks reduced mode's compile "
-                    "helper before Inductor's import) or cutetune.tuner.inductor.enable (after)")
+                    "helper before Inductor's import) or cutetune.tuner.inductor.choices.enable (after)")
     ap.add_argument("--no-prebuilt-kernels", action="store_true",
                     help="link no prebuilt fused kernels (CUTETUNE_FUSED_KERNELS empty): the "
                          "cold runs build them as a user's unshipped kernels would be")

@@ -253,7 +253,7 @@ def run_and_capture_code(fn, x):
 def wait_for_helpers(timeout_s: float) -> dict:
     """Let cutetune's compile helpers finish what they were sent (the fused kernels predicted
     mode builds beside the compile; calls run ATen until then): what each reported."""
-    from cutetune.tuner import prefetch
+    from cutetune.tuner.kernels import helper as prefetch
 
     return {arch: {**helper.wait(timeout=timeout_s), "failures": helper.failures()}
             for arch, helper in prefetch.SHARED_PREFETCHERS.items()}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cutetune import dataset
+from cutetune.models import dataset
 from cutetune.models.evaluate import M_BUCKETS, bucket_name, geomean, m_bucket
 from cutetune.space import enumerate_configs
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cutetune.dataset import load
+from cutetune.models.dataset import load
 from cutetune.models.artifact import CostModel, ModelError, load_model
 from cutetune.models.data import dataset_sha256, from_table
 from cutetune.models.evaluate import group_kfold
@@ -30,10 +30,11 @@ from cutetune.models.features import dataset_features
 from cutetune.models.learners import BoosterModel
 from cutetune.models.train import TrainOptions
 from cutetune.space.device import device_for
-from cutetune.tuner.backends import BENCH_OVERHEAD_S, ReplayBackend
-from cutetune.tuner.replay import TARGET, exhaustive_problems, replay, summarize, write_report
-from cutetune.tuner.strategies import NVMMH_TOP_K, ModelGuidedSampler, RankedTimes, quack_list
-from cutetune.tuner.tune import Budget
+from cutetune.tuner.search.backends import BENCH_OVERHEAD_S, ReplayBackend
+from cutetune.tuner.search.replay import (TARGET, exhaustive_problems, replay, summarize,
+    write_report)
+from cutetune.tuner.search.samplers import NVMMH_TOP_K, ModelGuidedSampler, RankedTimes, quack_list
+from cutetune.tuner.search.study import Budget
 
 STOCHASTIC = ("random", "tpe", "cmaes")
 TARGET_KERNELS, TARGET_SPEEDUP = 4, 10.0

@@ -36,7 +36,7 @@ from benchlib import (HIDDEN, LIMITS, allowed_cpus, compiled_step, geomean_check
                       kernel_counts, limit_check, mode_installation, pinned,
                       run_and_capture_code, time_calls, wait_for_helpers, workload_classes)
 
-from cutetune.tuner.measure import launch_host_us
+from cutetune.tuner.measure.timing import launch_host_us
 
 MODES = ("default", "max-autotune", "predicted", "reduced")
 # predicted mode's variants, each held to predicted's step limit in the report (not issue targets)

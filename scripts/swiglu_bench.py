@@ -6,7 +6,7 @@ with the same configs), on the MLP's up-projection shapes.
 
 Timed by cutetune's method (tuner/measure.py): numerics against an fp32 reference first, then
 L2-cold over rotating operand sets, median and spread of CUDA-event-timed launches. Configs:
-the shipped heuristics' top-k for each shape (the fusion's candidates: ``swiglu.fusion_config``
+the shipped heuristics' top-k for each shape (the fusion's candidates: ``decisions.fusion_config``
 takes the first valid one without split-K) plus any given with --configs (KernelConfig JSON).
 
   python scripts/swiglu_bench.py --ms 1024 4096 8192 [--shapes N:K ...] --out OUT.json
@@ -21,11 +21,13 @@ import time
 
 import torch
 
+from cutetune.tuner.inductor import decisions
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
-from cutetune.tuner import measure, swiglu
-from cutetune.tuner.heuristics import PackagedHeuristics
-from cutetune.tuner.launcher import device_arch
+from cutetune.tuner.measure import timing as measure
+from cutetune.tuner.kernels import swiglu
+from cutetune.models.heuristics import PackagedHeuristics
+from cutetune.tuner.kernels.problems import device_arch
 
 
 def bench_shape(problem: GemmProblem, configs, l2_bytes: int, policy) -> list[dict]:
@@ -102,14 +104,14 @@ def main() -> None:
     for (n, k), m in ((tuple(map(int, s.split(":"))), m) for s in args.shapes for m in args.ms):
         problem = GemmProblem(m=m, n=n, k=k, dtype="bf16", out_dtype="bf16",
                               a_major="k", b_major="k", arch=arch)
-        pick = swiglu.fusion_config(problem, heuristics)
+        pick = decisions.fusion_config(problem, heuristics)
         top = [c for c in heuristics.lookup(problem)[0] if c.split_k == 1]
         configs = list(dict.fromkeys([*([pick] if pick else []), *top, *extra]))
         rows = bench_shape(problem, configs, env["l2_bytes"], policy)
         for r in rows:
             r["pick"] = bool(pick) and r["variant"] == "fused" and r.get("config") == pick.to_dict()
         shapes.append({"problem": problem.to_dict(),
-                       "pointwise_share": swiglu.pointwise_share(problem),
+                       "pointwise_share": decisions.pointwise_share(problem),
                        "rows": rows, "summary": summary(rows)})
         print(m, n, k, json.dumps(shapes[-1]["summary"]), flush=True)
     meta = {k: v for k, v in env.items() if k != "host"}

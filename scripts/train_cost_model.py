@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cutetune.dataset import DatasetError
-from cutetune.models.train import add_arguments, options_from, run
+from cutetune.models.dataset import DatasetError
+from cutetune.commands.train import add_arguments, options_from, run
 
 
 def main(argv: list[str] | None = None) -> int:

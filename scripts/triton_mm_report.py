@@ -29,10 +29,9 @@ from pathlib import Path
 from benchlib import FAMILIES, family_of
 
 from cutetune.models.evaluate import geomean
-from cutetune.models.triton_mm import (StepHostCosts, TritonTable, fastest_retimed,
-                                       fit, fit_launch_costs, holdout, load_retimed,
-                                       load_sweep, m_bucket)
-from cutetune.tuner.heuristics import Heuristics, default_path, predicted_triton_shapes
+from cutetune.models.triton_mm import (StepHostCosts, TritonTable, fastest_retimed, fit,
+    fit_launch_costs, holdout, load_retimed, load_sweep, m_bucket)
+from cutetune.models.heuristics import Heuristics, default_path, predicted_triton_shapes
 
 
 def summary(rows: list[dict]) -> dict:

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cutetune.models.triton_mm import (CONFIG_KEYS, SweepShape, TritonTable, config_key,
-                                       group_key, load_sweep)
+from cutetune.models.triton_mm import (CONFIG_KEYS, SweepShape, TritonTable, config_key, group_key,
+    load_sweep)
 from cutetune.space.problem import GemmProblem
-from cutetune.tuner.heuristics import predicted_triton_shapes
-from cutetune.tuner.triton_timings import append_row, shapes_in
+from cutetune.models.heuristics import predicted_triton_shapes
+from cutetune.models.triton_sweep import append_row, shapes_in
 
 
 def candidates(shape: SweepShape, picks: dict, top: int = 1) -> dict[str, dict[str, int]]:
@@ -94,7 +94,7 @@ def retime_shape(shape: SweepShape, configs: dict[str, dict[str, int]], rounds: 
                  l2_bytes: int) -> dict:
     import torch
 
-    from cutetune.tuner.measure import ProblemBuffers, TimingPolicy, time_launches
+    from cutetune.tuner.measure.timing import ProblemBuffers, TimingPolicy, time_launches
 
     problem = GemmProblem(shape.m, shape.n, shape.k, a_major=shape.majors[0],
                           b_major=shape.majors[1])

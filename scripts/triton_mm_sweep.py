@@ -30,7 +30,7 @@ from pathlib import Path
 from benchlib import FAMILIES
 
 from cutetune.space.problem import GemmProblem
-from cutetune.tuner.triton_timings import append_row, shapes_in, sweep_row
+from cutetune.models.triton_sweep import append_row, shapes_in, sweep_row
 
 MS = (1, 4, 16, 64, 128, 256)
 

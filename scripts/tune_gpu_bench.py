@@ -33,12 +33,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from cutetune import dataset
+from cutetune.models import dataset
 from cutetune.models.evaluate import geomean
 from cutetune.space.enumerate import enumerate_configs
 from cutetune.space.suites import suite
-from cutetune.tuner.backends import ReplayBackend
-from cutetune.tuner.replay import exhaustive_problems
+from cutetune.tuner.search.backends import ReplayBackend
+from cutetune.tuner.search.replay import exhaustive_problems
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -73,7 +73,7 @@ def test_single_h200_result_is_complete_and_its_targets_follow_from_its_runs():
 def test_quack_launch_host_time_follows_from_the_committed_measurements():
     """QUACK_LAUNCH_HOST_US: the default step's host time per GEMM plus what each quack GEMM
     added to the step timed beside it in one process; the larger of the two measurements."""
-    from cutetune.tuner.inductor.choices import QUACK_LAUNCH_HOST_US
+    from cutetune.models.triton_mm import QUACK_LAUNCH_HOST_US
 
     bench_dir = REPO / "data" / "bench"
     m1 = json.loads((bench_dir / "step_ab_h200_predicted_attn_m1.json").read_text())

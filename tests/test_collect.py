@@ -113,7 +113,7 @@ def test_dataset_append_is_atomic_and_checked(tmp_path):
 
 def test_tuner_gpu_session_reuses_its_workers(tmp_path, monkeypatch):
     """measure_configs keeps one executor: the second call compiles nothing again."""
-    from cutetune.tuner.measure.timing import gpu_session
+    from cutetune.tuner.measure import gpu_session
     from cutetune.tuner.measure.executor import GpuExecutor
     from cutetune.tuner.measure.timing import TimingPolicy
 

@@ -25,7 +25,9 @@ from optuna.trial import TrialState
 
 from cutetune.models import dataset
 from cutetune.space import GemmProblem, KernelConfig
-from cutetune.tuner.fleet.queue import queue as fleet
+from cutetune.tuner.fleet import plan as fplan, queue as fqueue, run as frun
+from cutetune.tuner.measure import timing
+from cutetune.tuner.search import storage as fstorage
 from cutetune.tuner.measure.collect import configs_for, load_problems
 from cutetune.tuner.measure.executor import GpuExecutor
 from test_collect import COMPILE_FAIL_TILE_N, CRASH_TILE_N, fake_compile, fake_init, fake_measure
@@ -73,8 +75,8 @@ def _check_exactly_once(storage, study_name: str, out: Path, problems: list[dict
     """Every planned item has exactly one COMPLETE trial, and the exported dataset holds each
     recorded row of the plan once, as recorded."""
     study = optuna.load_study(study_name=study_name, storage=storage)
-    plan = fleet.Plan.from_json(study.user_attrs[fleet.PLAN_ATTR])
-    complete = Counter(t.user_attrs[fleet.ITEM_ATTR]
+    plan = fplan.Plan.from_json(study.user_attrs[fplan.PLAN_ATTR])
+    complete = Counter(t.user_attrs[fplan.ITEM_ATTR]
                        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     assert set(complete) == set(plan.items)
     assert set(complete.values()) == {1}
@@ -89,13 +91,13 @@ def _check_exactly_once(storage, study_name: str, out: Path, problems: list[dict
 def test_plan_covers_pending_work_once():
     configs = tuple(KernelConfig(tile_m=128, tile_n=n, cluster_m=1)
                     for n in (64, 96, 128, 160, 192))
-    work = fleet.Work("t", "sm90", "bf16", configs, 0, item_size=2)
+    work = fplan.Work("t", "sm90", "bf16", configs, 0, item_size=2)
     p1, p2, p3 = GemmProblem(256, 512, 1024), GemmProblem(64, 1024, 512), GemmProblem(128, 128, 128)
     done = {(p1.key(), "quack", configs[0].short()), (p2.key(), "cublas", "")}
     done |= {(p3.key(), "quack", c.short()) for c in configs}
-    items = fleet.plan_items([("a", p1), ("b", p2), ("a", p1), ("c", p3)], work, done)
-    plan = fleet.Plan(work, {it.key: it for it in items})
-    assert fleet.Plan.from_json(plan.to_json()) == plan
+    items = fplan.plan_items([("a", p1), ("b", p2), ("a", p1), ("c", p3)], work, done)
+    plan = fplan.Plan(work, {it.key: it for it in items})
+    assert fplan.Plan.from_json(plan.to_json()) == plan
     got = [(it.problem.key(), "quack", c.short()) for it in items for c in plan.configs(it)]
     want = {(p.key(), "quack", c.short()) for p in (p1, p2, p3) for c in configs} - done
     assert len(got) == len(set(got)) and set(got) == want
@@ -112,9 +114,9 @@ def test_gpu_executor_isolates_failures(tmp_path):
     with that status, the rest of their items measured."""
     configs = [KernelConfig(tile_m=128, tile_n=n, pingpong=True, cluster_m=1, cluster_n=1)
                for n in (16, COMPILE_FAIL_TILE_N, CRASH_TILE_N, 64, 128)]
-    items = [fleet.WorkItem(f"i{j}", "t", GemmProblem(256 * (j + 1), 512, 1024),
+    items = [fplan.WorkItem(f"i{j}", "t", GemmProblem(256 * (j + 1), 512, 1024),
                             tuple(range(len(configs))), True, "") for j in range(2)]
-    ex = GpuExecutor("sm90", str(tmp_path / "cache"), 1, fleet.TimingPolicy(),
+    ex = GpuExecutor("sm90", str(tmp_path / "cache"), 1, timing.TimingPolicy(),
                      measure_fn=fake_measure, gpu_init=fake_init, compile_fn=fake_compile)
     try:
         for j, it in enumerate(items):
@@ -141,14 +143,14 @@ def test_sqlite_fleet_measures_each_item_once(tmp_path, recorded):
                           delay=0.0)
     log, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, log
-    storage = fleet.open_storage(url)
+    storage = fstorage.open_storage(url)
     study = _check_exactly_once(storage, name, tmp_path / "out", problems, recorded)
-    assert fleet.status(study)["complete"] == 4 * 5  # 150 configs in items of 30
+    assert frun.status(study)["complete"] == 4 * 5  # 150 configs in items of 30
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["items_here"] == 20 and stats["rows_here"] == 4 * 151
     assert stats["steady_rows_per_min"] > 0 and stats["rows_per_min"] > 0
-    work = fleet.Plan.from_json(study.user_attrs[fleet.PLAN_ATTR]).work
-    _, _, enqueued = fleet.prepare(storage, name, work, plan_fn=None)  # joins: no new plan
+    work = fplan.Plan.from_json(study.user_attrs[fplan.PLAN_ATTR]).work
+    _, _, enqueued = fqueue.prepare(storage, name, work, plan_fn=None)  # joins: no new plan
     assert enqueued == 0
 
 
@@ -160,7 +162,7 @@ def _pg_url() -> str:
               "and prints one)"
     else:
         try:
-            fleet.open_storage(url)
+            fstorage.open_storage(url)
         except ValueError as e:
             why = f"PostgreSQL at CUTETUNE_TEST_PG_URL is unreachable: {e}"
     if why and os.environ.get("CI", "").lower() in ("1", "true", "yes"):
@@ -187,13 +189,13 @@ def _kill_a_worker_holding_a_trial(storage, name: str, proc) -> tuple[str, list[
         if storage.get_n_trials(sid, TrialState.COMPLETE) < 10:
             continue
         for t in _running(storage, sid):
-            worker = t.user_attrs.get(fleet.WORKER_ATTR)
+            worker = t.user_attrs.get(fplan.WORKER_ATTR)
             if not worker:
                 continue
             pid = int(worker.rsplit(":", 1)[1])
             os.kill(pid, signal.SIGSTOP)
             held = [u.number for u in _running(storage, sid)
-                    if u.user_attrs.get(fleet.WORKER_ATTR) == worker]
+                    if u.user_attrs.get(fplan.WORKER_ATTR) == worker]
             if held:
                 os.kill(pid, signal.SIGKILL)
                 return worker, held
@@ -209,23 +211,23 @@ def test_postgres_fleet_survives_a_killed_worker(tmp_path, recorded):
     problems = _recorded_problems(recorded, 20)
     proc, name = _collect(tmp_path, problems, url, workers=4, item_size=15, heartbeat=1,
                           delay=0.05)
-    storage = fleet.open_storage(url)
+    storage = fstorage.open_storage(url)
     try:
         worker, held = _kill_a_worker_holding_a_trial(storage, name, proc)
         log, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, log
         assert "exited abnormally: [-9]" in log, log
         study = _check_exactly_once(storage, name, tmp_path / "out", problems, recorded)
-        assert fleet.status(study) == {"items": 200, "complete": 200, "running": 0,
+        assert frun.status(study) == {"items": 200, "complete": 200, "running": 0,
                                        "waiting": 0, "lost": 0, "retried": len(held)}
         trials = {t.number: t for t in study.get_trials(deepcopy=False)}
         for number in held:
             dead = trials[number]
-            assert dead.state == TrialState.FAIL and dead.user_attrs[fleet.WORKER_ATTR] == worker
+            assert dead.state == TrialState.FAIL and dead.user_attrs[fplan.WORKER_ATTR] == worker
             retries = [t for t in trials.values() if t.system_attrs.get("failed_trial") == number]
             assert [t.state for t in retries] == [TrialState.COMPLETE]
-            assert retries[0].user_attrs[fleet.ITEM_ATTR] == dead.user_attrs[fleet.ITEM_ATTR]
-            assert retries[0].user_attrs[fleet.WORKER_ATTR] != worker
+            assert retries[0].user_attrs[fplan.ITEM_ATTR] == dead.user_attrs[fplan.ITEM_ATTR]
+            assert retries[0].user_attrs[fplan.WORKER_ATTR] != worker
     finally:
         if proc.poll() is None:
             proc.kill()

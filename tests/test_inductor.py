@@ -22,10 +22,11 @@ from torch._inductor import ir
 from torch._inductor import select_algorithm as sa
 from torch._inductor.virtualized import V
 
+from cutetune.tuner.inductor import decisions as idec
 from cutetune.space.config import KernelConfig, quack_default_config
 from cutetune.space.problem import GemmProblem, ProblemError
 from cutetune.models import heuristics as hz
-from cutetune.tuner.inductor import choices, decisions, feedback, install
+from cutetune.tuner.inductor import choices as ich, decisions as idec, feedback as ifb, install as iin
 from cutetune.tuner.kernels import problems
 from cutetune.models import triton_mm as tmm
 from cutetune.tuner.kernels import aot, launcher, helper as prefetch
@@ -236,14 +237,14 @@ def test_measured_picks_and_emit_use_measurements(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- decisions
 def test_decide_modes():
     fake, p = FakeHeuristics(), P(512, 4096, 4096)
-    assert decisions.decide(p, "predicted", fake, 1) == decisions.NodeDecision((A,), False, "top-1")
-    d = decisions.decide(p, "reduced", fake, 2)
+    assert idec.decide(p, "predicted", fake, 1) == idec.NodeDecision((A,), False, "top-1")
+    d = idec.decide(p, "reduced", fake, 2)
     assert d.configs == (A, B) and d.aten
-    d = decisions.decide(p, "predicted", FakeHeuristics(prefers_aten=True), 1)
+    d = idec.decide(p, "predicted", FakeHeuristics(prefers_aten=True), 1)
     assert d.configs == () and d.aten and "cuBLAS" in d.reason
-    d = decisions.decide(ProblemError("fp32"), "reduced", fake, 2)
+    d = idec.decide(ProblemError("fp32"), "reduced", fake, 2)
     assert d.leave and not d.configs and "fp32" in d.reason
-    assert decisions.decide(p, "predicted", FakeHeuristics(prefers_aten=True), 1).leave is False
+    assert idec.decide(p, "predicted", FakeHeuristics(prefers_aten=True), 1).leave is False
 
 
 def test_decide_keeps_aten_for_gemms_shorter_than_a_quack_launch():
@@ -252,34 +253,34 @@ def test_decide_keeps_aten_for_gemms_shorter_than_a_quack_launch():
     the projections at M=4096 (174 us) are not. Reduced mode adds Triton templates where the
     GEMM is memory-bound: at M=1, not at M=1024, where they made the attention step slower
     (data/bench/step_h200_hostbound.json)."""
-    fake, limit = FakeHeuristics(), decisions.QUACK_LAUNCH_HOST_US
+    fake, limit = FakeHeuristics(), idec.QUACK_LAUNCH_HOST_US
     for mode, k in (("predicted", 1), ("reduced", 5)):
         for p, ideal, memory_bound in ((P(1, 4096, 4096), "7.8", True),
                                        (P(1024, 4096, 4096), "43.5", False),
                                        (P(1024, 1024, 4096), "10.9", False),
                                        (P(1, 14336, 4096), "27.3", True)):
-            d = decisions.decide(p, mode, fake, k, limit)
+            d = idec.decide(p, mode, fake, k, limit)
             triton = mode == "reduced" and memory_bound
-            assert d == decisions.NodeDecision((), True, d.reason, leave=True, triton=triton)
+            assert d == idec.NodeDecision((), True, d.reason, leave=True, triton=triton)
             assert d.reason.startswith("host-bound")
             assert f"{ideal} us" in d.reason
         for p in (P(1024, 14336, 4096), P(4096, 4096, 4096)):
-            assert decisions.decide(p, mode, fake, k, limit).configs
-    assert decisions.decide(P(1, 4096, 4096), "predicted", fake, 1, 0.0).configs == (A,)
+            assert idec.decide(p, mode, fake, k, limit).configs
+    assert idec.decide(P(1, 4096, 4096), "predicted", fake, 1, 0.0).configs == (A,)
 
 
 def test_host_bound_limit_is_lifted_under_cuda_graphs():
-    assert decisions.host_bound_us() == decisions.QUACK_LAUNCH_HOST_US
+    assert idec.host_bound_us() == idec.QUACK_LAUNCH_HOST_US
     with inductor_config.patch({"triton.cudagraphs": True}):
-        assert decisions.host_bound_us() == 0.0
+        assert idec.host_bound_us() == 0.0
 
 
 def test_decide_drops_configs_invalid_for_the_problem():
     """A stale heuristics file must not hand quack a config its rules reject."""
     short_k = P(512, 4096, 128)  # 2 K tiles: split-K 4 has nothing to split
-    d = decisions.decide(short_k, "predicted", FakeHeuristics((SPLIT4, C)), 1)
+    d = idec.decide(short_k, "predicted", FakeHeuristics((SPLIT4, C)), 1)
     assert d.configs == (C,)
-    d = decisions.decide(short_k, "predicted", FakeHeuristics((SPLIT4,)), 1)
+    d = idec.decide(short_k, "predicted", FakeHeuristics((SPLIT4,)), 1)
     assert d.leave and not d.configs
 
 
@@ -294,7 +295,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(iu, "is_big_gpu", lambda *a, **k: False)
     monkeypatch.setattr(problems, "device_arch", lambda device: "sm90")
     # the test shapes are small enough to be host-bound: lowering is tested without that rule
-    monkeypatch.setattr(decisions, "QUACK_LAUNCH_HOST_US", 0.0)
+    monkeypatch.setattr(idec, "QUACK_LAUNCH_HOST_US", 0.0)
     monkeypatch.setattr(sa.AlgorithmSelectorCache, "do_autotuning",
                         lambda *a, **k: pytest.fail("Inductor benchmarked the choices"))
 
@@ -348,7 +349,7 @@ MM, ADDMM = f"extern_kernels.{launcher.MM_KERNEL}", f"extern_kernels.{launcher.A
 def test_predicted_gives_one_quack_choice_per_node(fake_gpu, monkeypatch):
     fake, imports = FakeHeuristics(), []
     monkeypatch.setattr(launcher, "import_quack_in_background", lambda: imports.append(1))
-    with install.enable("predicted", model=fake):
+    with iin.enable("predicted", model=fake):
         kernels = lower(block, *BLOCK)
     assert len(imports) == 3  # quack's import starts with the first node that chose it
     # with the mm's TVM-FFI library built, its node launches without quack: no import for it
@@ -357,10 +358,10 @@ def test_predicted_gives_one_quack_choice_per_node(fake_gpu, monkeypatch):
     meta = aot.library_paths(key[1])[1]
     meta.parent.mkdir(parents=True)
     meta.write_text("{}")
-    with install.enable("predicted", model=FakeHeuristics()):
+    with iin.enable("predicted", model=FakeHeuristics()):
         assert lower(block, *BLOCK) == kernels
     assert len(imports) == 3 + 2  # the addmm's and the bmm's
-    cfg = launcher.config_tuple(A)
+    cfg = problems.config_tuple(A)
     assert kernels == [(ADDMM, {"config": cfg, "alpha": 1, "beta": 1}), (MM, {"config": cfg}),
                        (MM, {"config": cfg})]
     assert [(p.m, p.n, p.k, p.batch, p.a_major, p.b_major) for p in fake.asked] == [
@@ -368,20 +369,20 @@ def test_predicted_gives_one_quack_choice_per_node(fake_gpu, monkeypatch):
 
 
 def test_predicted_falls_back_to_aten(fake_gpu, monkeypatch):
-    with install.enable("predicted", model=FakeHeuristics()):
+    with iin.enable("predicted", model=FakeHeuristics()):
         fp32 = lower(lambda a, b: a @ b, row(64, 256, dtype=torch.float32),
                      row(256, 64, dtype=torch.float32))
         odd_k = lower(lambda a, b: a @ b, row(64, 100), row(100, 64))
     imports = []
     monkeypatch.setattr(launcher, "import_quack_in_background", lambda: imports.append(1))
-    with install.enable("predicted", model=FakeHeuristics(prefers_aten=True)):
+    with iin.enable("predicted", model=FakeHeuristics(prefers_aten=True)):
         cublas = lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
-    monkeypatch.setattr(decisions, "QUACK_LAUNCH_HOST_US", 48.0)  # the rule fake_gpu lifts
-    with install.enable("predicted", model=FakeHeuristics()):
+    monkeypatch.setattr(idec, "QUACK_LAUNCH_HOST_US", 48.0)  # the rule fake_gpu lifts
+    with iin.enable("predicted", model=FakeHeuristics()):
         host_bound = lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
     assert imports == []  # no quack kernel chosen: quack is not imported
     monkeypatch.setattr(problems, "device_arch", lambda device: None)  # e.g. an A100
-    with install.enable("predicted", model=FakeHeuristics()):
+    with iin.enable("predicted", model=FakeHeuristics()):
         other_gpu = lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
     for kernels in (fp32, odd_k, cublas, host_bound, other_gpu):
         assert kernels == [("extern_kernels.mm", {})]
@@ -392,33 +393,33 @@ def test_a_dynamic_m_gets_one_choice_with_a_config_per_range_of_m(fake_gpu, monk
     ``fake_gpu`` fails a test that benchmarks) running ATen for the M where the GEMM is
     host-bound and the heuristics' top-1 above; where the model prefers cuBLAS at every M, or
     a size other than M is dynamic, Inductor's ATen stands."""
-    monkeypatch.setattr(decisions, "QUACK_LAUNCH_HOST_US", 48.0)
+    monkeypatch.setattr(idec, "QUACK_LAUNCH_HOST_US", 48.0)
     specs = (row(64, 4096), row(4096, 4096), row(4096))
     by_m = [f"extern_kernels.{launcher.MM_BY_M_KERNEL}",
             f"extern_kernels.{launcher.ADDMM_BY_M_KERNEL}"]
     for mode in ("predicted", "reduced"):
-        with install.enable(mode, model=FakeHeuristics()):
+        with iin.enable(mode, model=FakeHeuristics()):
             kernels = lower(lambda a, w, bias: (a @ w, torch.addmm(bias, a, w)), *specs,
                             dynamic_m=True)
         assert [name for name, _ in kernels] == by_m
         (m_aten, aten), (m_last, top1) = kernels[0][1]["table"]
         assert kernels[1][1] == {"table": kernels[0][1]["table"], "alpha": 1, "beta": 1}
-        assert aten is None and top1 == launcher.config_tuple(A)
+        assert aten is None and top1 == problems.config_tuple(A)
         assert m_last == launcher.M_UNBOUNDED
         rung = 2 ** (m_aten.bit_length() - 1)  # the last rung of the ATen range
         assert m_aten == math.isqrt(2 * rung * rung)
         assert tmm.host_bound(P(rung, 4096, 4096), 48.0) is not None
         assert tmm.host_bound(P(2 * rung, 4096, 4096), 48.0) is None
-    with install.enable("predicted", model=FakeHeuristics(prefers_aten=True)):
+    with iin.enable("predicted", model=FakeHeuristics(prefers_aten=True)):
         assert lower(lambda a, w: a @ w, *specs[:2], dynamic_m=True) == [
             ("extern_kernels.mm", {})]
-    with install.enable("predicted", model=FakeHeuristics()):  # A column-major: its stride is M
+    with iin.enable("predicted", model=FakeHeuristics()):  # A column-major: its stride is M
         assert lower(lambda a, w: a.t() @ w, row(4096, 64), row(4096, 4096),
                      dynamic_m=True) == [("extern_kernels.mm", {})]
 
 
 def test_the_by_m_kernels_run_the_range_that_holds_m():
-    table = ((4, None), (launcher.M_UNBOUNDED, launcher.config_tuple(A)))
+    table = ((4, None), (launcher.M_UNBOUNDED, problems.config_tuple(A)))
     assert [launcher.config_for_m(table, m) for m in (1, 4, 5, 10 ** 9)] == [
         None, None, table[1][1], table[1][1]]
     for m in (3, 8):  # CPU tensors: ATen either way, through both paths
@@ -434,7 +435,7 @@ def test_the_by_m_kernels_run_the_range_that_holds_m():
 
 
 def test_off_and_no_installation_leave_inductor_alone(fake_gpu):
-    with install.enable("off"):
+    with iin.enable("off"):
         assert lower(lambda a, b: a @ b, row(64, 256), row(256, 64)) == [("extern_kernels.mm", {})]
 
 
@@ -448,7 +449,7 @@ def test_reduced_offers_top_k_and_aten(fake_gpu):
     cache = sa.get_algorithm_selector_cache()
     cache.add_preprocessing_fn(record)
     try:
-        with install.enable("reduced", top_k=2, model=FakeHeuristics()):
+        with iin.enable("reduced", top_k=2, model=FakeHeuristics()):
             lower(block, *BLOCK)
     finally:
         cache.preprocessing_fns.remove(record)
@@ -457,8 +458,8 @@ def test_reduced_offers_top_k_and_aten(fake_gpu):
         names = [c.choice.name for c in choices]
         ours = [c for c in choices if c.choice.name.startswith("cutetune")]
         assert names[0] in ("mm", "addmm", "bmm")  # ATen first (Inductor's deterministic pick)
-        assert [c.kwargs["config"] for c in ours] == [launcher.config_tuple(A),
-                                                      launcher.config_tuple(B)]
+        assert [c.kwargs["config"] for c in ours] == [problems.config_tuple(A),
+                                                      problems.config_tuple(B)]
         assert [c.description for c in ours] == [A.short(), B.short()]
 
 
@@ -472,7 +473,7 @@ def test_reduced_offers_triton_templates_for_host_bound_mm(fake_gpu, monkeypatch
     from torch._inductor.kernel.mm import mm_template
 
     monkeypatch.setattr(iu, "is_big_gpu", lambda *a, **k: True)
-    monkeypatch.setattr(decisions, "QUACK_LAUNCH_HOST_US", 48.0)
+    monkeypatch.setattr(idec, "QUACK_LAUNCH_HOST_US", 48.0)
     asked, original = [], InductorChoices.get_template_configs
 
     def stand_in(self, kernel_inputs, templates, op_name, kwarg_overrides=None):
@@ -482,7 +483,7 @@ def test_reduced_offers_triton_templates_for_host_bound_mm(fake_gpu, monkeypatch
 
     monkeypatch.setattr(InductorChoices, "get_template_configs", stand_in)
     for mode in ("reduced", "predicted"):
-        with install.enable(mode, model=FakeHeuristics()):
+        with iin.enable(mode, model=FakeHeuristics()):
             kernels = lower(block, *BLOCK)
         assert [name for name, _ in kernels] == [
             "extern_kernels.addmm", "extern_kernels.mm", "extern_kernels.bmm"]
@@ -493,7 +494,7 @@ def test_reduced_offers_triton_templates_for_host_bound_mm(fake_gpu, monkeypatch
     assert not inductor_config.max_autotune_gemm  # the patch is lifted after generation
     asked.clear()
     monkeypatch.setattr(iu, "is_big_gpu", lambda *a, **k: False)  # no Triton templates there
-    with install.enable("reduced", model=FakeHeuristics()):
+    with iin.enable("reduced", model=FakeHeuristics()):
         lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
     assert asked == [("mm", ["aten::mm"], False)]
 
@@ -519,7 +520,7 @@ def test_predicted_asks_for_the_heuristics_triton_config_alone(fake_gpu, monkeyp
     from torch._inductor.kernel.mm import mm_template
 
     monkeypatch.setattr(iu, "is_big_gpu", lambda *a, **k: True)
-    monkeypatch.setattr(decisions, "QUACK_LAUNCH_HOST_US", 48.0)
+    monkeypatch.setattr(idec, "QUACK_LAUNCH_HOST_US", 48.0)
     asked, original = [], InductorChoices.get_template_configs
 
     def stand_in(self, kernel_inputs, templates, op_name, kwarg_overrides=None):
@@ -536,7 +537,7 @@ def test_predicted_asks_for_the_heuristics_triton_config_alone(fake_gpu, monkeyp
                                        (["aten::mm"], False, space, None)]),
                        ("reduced", [(["aten::mm", mm_template.uid], True, "DEFAULT", None)])):
         asked.clear()
-        with install.enable(mode, model=TritonHeuristics()):
+        with iin.enable(mode, model=TritonHeuristics()):
             kernels = lower(lambda a, b: a @ b, row(16, 1024), row(1024, 1024))
         assert [name for name, _ in kernels] == ["extern_kernels.mm"]
         assert asked == want
@@ -568,7 +569,7 @@ def test_a_graphs_mm_get_triton_templates_only_where_its_step_gains(fake_gpu, mo
     from torch._inductor.kernel.mm import mm_template
 
     monkeypatch.setattr(iu, "is_big_gpu", lambda *a, **k: True)
-    monkeypatch.setattr(decisions, "QUACK_LAUNCH_HOST_US", 48.0)
+    monkeypatch.setattr(idec, "QUACK_LAUNCH_HOST_US", 48.0)
     asked, original = [], InductorChoices.get_template_configs
 
     def stand_in(self, kernel_inputs, templates, op_name, kwarg_overrides=None):
@@ -587,7 +588,7 @@ def test_a_graphs_mm_get_triton_templates_only_where_its_step_gains(fake_gpu, mo
                              ((2048,), aten + triton)):
             asked.clear()
             h = GraphTritonHeuristics(takers)
-            with install.enable(mode, model=h, prefetch=False):
+            with iin.enable(mode, model=h, prefetch=False):
                 kernels = lower(lambda a, b, c: (a @ b, a @ c), row(16, 1024), row(1024, 1024),
                                 row(1024, 2048))
             assert h.graphs == [[(16, 1024, 1024, config), (16, 2048, 1024, config)]]
@@ -606,7 +607,7 @@ def test_reduced_keeps_aten_behind_triton_templates_benchmarked_without_it(
     from torch._inductor.kernel.mm import mm_template
 
     monkeypatch.setattr(iu, "is_big_gpu", lambda *a, **k: True)
-    monkeypatch.setattr(decisions, "QUACK_LAUNCH_HOST_US", 48.0)
+    monkeypatch.setattr(idec, "QUACK_LAUNCH_HOST_US", 48.0)
     original = InductorChoices.get_template_configs
     template = FakeTritonChoice("triton_mm_0", **TritonHeuristics.CONFIG)
 
@@ -619,24 +620,24 @@ def test_reduced_keeps_aten_behind_triton_templates_benchmarked_without_it(
     seen, cache = [], sa.get_algorithm_selector_cache()
     cache.add_preprocessing_fn(lambda cs: seen.append(list(cs)) or cs[-1:])
     try:
-        with install.enable("reduced", model=GraphTritonHeuristics((1024,)), prefetch=False):
+        with iin.enable("reduced", model=GraphTritonHeuristics((1024,)), prefetch=False):
             kernels = lower(lambda a, b: a @ b, row(16, 1024), row(1024, 1024))
     finally:
         cache.preprocessing_fns.pop()
     (choices,) = seen
-    assert [type(c) for c in choices] == [FakeTritonChoice, choices.LastResortCaller]
+    assert [type(c) for c in choices] == [FakeTritonChoice, ich.LastResortCaller]
     last = choices[1]
-    assert last.benchmark(out=None) == choices.LastResortCaller.RANK_MS
+    assert last.benchmark(out=None) == ich.LastResortCaller.RANK_MS
     assert last.choice.name == "mm"
     aten = sa.ExternKernelCaller(last.choice, last.input_nodes, last.layout, last.kwargs)
     assert last.hash_key().startswith(aten.hash_key()) and last.hash_key() != aten.hash_key()
     assert [name for name, _ in kernels] == ["extern_kernels.mm"]
 
-    monkeypatch.setattr(feedback, "environment", lambda: {"device_name": "NVIDIA H200",
+    monkeypatch.setattr(ifb, "environment", lambda: {"device_name": "NVIDIA H200",
                                                     "torch_version": "2.x", "host": "x"})
-    feedback.FeedbackRecorder(tmp_path / "fb")({template: 0.010, last: last.RANK_MS}, "mm",
+    ifb.FeedbackRecorder(tmp_path / "fb")({template: 0.010, last: last.RANK_MS}, "mm",
                                          last.input_nodes, choices, None, {})
-    (line,) = (tmp_path / "fb" / feedback.TRITON_FEEDBACK).read_text().splitlines()
+    (line,) = (tmp_path / "fb" / ifb.TRITON_FEEDBACK).read_text().splitlines()
     assert [c["name"] for c in json.loads(line)["choices"]] == ["triton_mm_0"]
 
 
@@ -673,7 +674,7 @@ def test_packaged_triton_configs_are_in_inductors_lists():
 def test_finalize_keeps_only_the_asked_triton_config():
     from types import SimpleNamespace
 
-    choices = choices.ChoicesFactory("predicted", 1, install._resolve_source(FakeHeuristics()))()
+    choices = ich.ChoicesFactory("predicted", 1, iin._resolve_source(FakeHeuristics()))()
     ktc = lambda **kw: SimpleNamespace(params=SimpleNamespace(to_kwargs=lambda: {  # noqa: E731
         **TritonHeuristics.CONFIG, "EVEN_K": True, **kw}))
     offered = [ktc(BLOCK_N=32), ktc(), ktc(num_warps=8)]
@@ -691,7 +692,7 @@ def test_reduced_leaves_unsupported_nodes_to_inductor(fake_gpu):
     cache = sa.get_algorithm_selector_cache()
     cache.add_preprocessing_fn(lambda cs: seen.append([c.choice.name for c in cs]) or cs[:1])
     try:
-        with install.enable("reduced", top_k=2, model=FakeHeuristics()):
+        with iin.enable("reduced", top_k=2, model=FakeHeuristics()):
             lower(lambda a, b: a @ b, row(64, 256, dtype=torch.float32),
                   row(256, 64, dtype=torch.float32))
     finally:
@@ -706,7 +707,7 @@ def reduced_mm_choices(m: int, top_k: int) -> list:
     cache = sa.get_algorithm_selector_cache()
     cache.add_preprocessing_fn(lambda cs: seen.append(list(cs)) or cs[:1])
     try:
-        with install.enable("reduced", top_k=top_k, model=FakeHeuristics()):
+        with iin.enable("reduced", top_k=top_k, model=FakeHeuristics()):
             lower(lambda a, b: a @ b, row(m, 256), row(256, 512))
     finally:
         cache.preprocessing_fns.pop()
@@ -715,9 +716,9 @@ def reduced_mm_choices(m: int, top_k: int) -> list:
 
 def test_feedback_rows_from_inductor_timings(fake_gpu, tmp_path, monkeypatch):
     choices = reduced_mm_choices(64, top_k=2)
-    monkeypatch.setattr(feedback, "environment", lambda: {"device_name": "test", "host": "x"})
+    monkeypatch.setattr(ifb, "environment", lambda: {"device_name": "test", "host": "x"})
     timings = {choices[0]: 0.010, choices[1]: 0.008, choices[2]: float("inf")}
-    rec = feedback.FeedbackRecorder(tmp_path / "fb")
+    rec = ifb.FeedbackRecorder(tmp_path / "fb")
     rec(timings, "mm", choices[0].input_nodes, choices, None, {})
     rec(timings, "mm", choices[0].input_nodes, choices, None, {})  # cached replay: no new rows
     rec(timings, "convolution", choices[0].input_nodes, choices, None, {})  # not ours
@@ -727,7 +728,7 @@ def test_feedback_rows_from_inductor_timings(fake_gpu, tmp_path, monkeypatch):
     assert [(r["backend"], r["config_key"], r["status"], r["time_ms"]) for r in rows] == [
         ("cublas", "", "ok", 0.010), ("quack", A.short(), "ok", 0.008),
         ("quack", B.short(), "runtime_error", None)]
-    assert {r["suite"] for r in rows} == {feedback.FEEDBACK_SUITE}
+    assert {r["suite"] for r in rows} == {ifb.FEEDBACK_SUITE}
     assert rows[1]["problem_key"] == P(64, 512, 256, b_major="n").key()
     assert rows[1]["tile_n"] == A.tile_n and rows[0]["tile_n"] is None
 
@@ -751,18 +752,18 @@ def test_feedback_appends_triton_sweep_rows(fake_gpu, tmp_path, monkeypatch):
     from cutetune.models.triton_mm import load_sweep
 
     aten = next(c for c in reduced_mm_choices(16, top_k=1) if c.choice.name == "mm")
-    monkeypatch.setattr(feedback, "environment", lambda: {"device_name": "NVIDIA H200",
+    monkeypatch.setattr(ifb, "environment", lambda: {"device_name": "NVIDIA H200",
                                                     "torch_version": "2.x", "host": "x"})
     x = FakeTritonChoice("triton_mm_0", **TritonHeuristics.CONFIG)
     y = FakeTritonChoice("triton_mm_1", **{**TritonHeuristics.CONFIG, "BLOCK_N": 32})
     timings = {aten: 0.020, x: 0.010, y: float("inf")}
-    rec = feedback.FeedbackRecorder(tmp_path / "fb")
+    rec = ifb.FeedbackRecorder(tmp_path / "fb")
     rec(timings, "mm", aten.input_nodes, list(timings), None, {})
     rec(timings, "mm", aten.input_nodes, list(timings), None, {})  # cached replay: no new row
     rec({aten: 0.02}, "mm", aten.input_nodes, [aten], None, {})  # no Triton choice: no row
-    again = feedback.FeedbackRecorder(tmp_path / "fb")  # another process's replay: no new row either
+    again = ifb.FeedbackRecorder(tmp_path / "fb")  # another process's replay: no new row either
     again(timings, "mm", aten.input_nodes, list(timings), None, {})
-    (shape,) = load_sweep(tmp_path / "fb" / feedback.TRITON_FEEDBACK)
+    (shape,) = load_sweep(tmp_path / "fb" / ifb.TRITON_FEEDBACK)
     assert (shape.m, shape.n, shape.k, shape.majors, shape.device) == (16, 512, 256, "kn",
                                                                        "NVIDIA H200")
     assert shape.aten_ms == 0.020
@@ -773,21 +774,21 @@ def test_feedback_appends_triton_sweep_rows(fake_gpu, tmp_path, monkeypatch):
 def test_enable_installs_and_restores():
     prev_class = inductor_config.inductor_choices_class
     prev_handler = V.choices  # builds this thread's handler, as a compile would
-    with install.enable("predicted", model=FakeHeuristics()) as inst:
-        assert isinstance(inductor_config.inductor_choices_class, choices.ChoicesFactory)
-        assert isinstance(V.choices, choices.CuteTuneChoices) and V.choices.mode == "predicted"
-        with install.enable("reduced", top_k=3, model=FakeHeuristics()):
+    with iin.enable("predicted", model=FakeHeuristics()) as inst:
+        assert isinstance(inductor_config.inductor_choices_class, ich.ChoicesFactory)
+        assert isinstance(V.choices, ich.CuteTuneChoices) and V.choices.mode == "predicted"
+        with iin.enable("reduced", top_k=3, model=FakeHeuristics()):
             assert (V.choices.mode, V.choices.top_k) == ("reduced", 3)
-            with install.enable("off"):
+            with iin.enable("off"):
                 assert inductor_config.inductor_choices_class is None
-                assert not isinstance(V.choices, choices.CuteTuneChoices)
+                assert not isinstance(V.choices, ich.CuteTuneChoices)
             assert V.choices.mode == "reduced"
         assert V.choices.mode == "predicted"
     assert not inst.active
     assert inductor_config.inductor_choices_class is prev_class
     assert V.choices is prev_handler
-    inst = install.enable("predicted", model=FakeHeuristics())  # function style
-    assert isinstance(V.choices, choices.CuteTuneChoices)
+    inst = iin.enable("predicted", model=FakeHeuristics())  # function style
+    assert isinstance(V.choices, ich.CuteTuneChoices)
     inst.disable()
     inst.disable()
     assert V.choices is prev_handler
@@ -796,7 +797,7 @@ def test_enable_installs_and_restores():
 def test_feedback_saver_added_and_removed(tmp_path):
     savers = sa.get_algorithm_selector_cache().feedback_saver_fns
     n = len(savers)
-    with install.enable("reduced", model=FakeHeuristics(), feedback=tmp_path / "fb") as inst:
+    with iin.enable("reduced", model=FakeHeuristics(), feedback=tmp_path / "fb") as inst:
         assert savers[-1] is inst.feedback and len(savers) == n + 1
     assert len(sa.get_algorithm_selector_cache().feedback_saver_fns) == n
 
@@ -812,34 +813,34 @@ def test_feedback_saver_added_and_removed(tmp_path):
 def test_enable_rejects_bad_arguments(kwargs, error, match):
     prev = inductor_config.inductor_choices_class
     with pytest.raises(error, match=match):
-        install.enable(**kwargs)
+        iin.enable(**kwargs)
     assert inductor_config.inductor_choices_class is prev
 
 
 def test_uuid_and_cache_key_follow_mode_k_and_heuristics():
-    u = lambda *a: choices.ChoicesFactory(*a)().uuid()  # noqa: E731
-    choices._SOURCES.setdefault("d1", FakeHeuristics(digest="d1"))
-    choices._SOURCES.setdefault("d2", FakeHeuristics(digest="d2"))
+    u = lambda *a: ich.ChoicesFactory(*a)().uuid()  # noqa: E731
+    ich._SOURCES.setdefault("d1", FakeHeuristics(digest="d1"))
+    ich._SOURCES.setdefault("d2", FakeHeuristics(digest="d2"))
     assert len({u("predicted", 1, "d1"), u("reduced", 4, "d1"), u("reduced", 2, "d1"),
                 u("predicted", 1, "d2")}) == 4
     assert u("predicted", 1, "d1") == u("predicted", 1, "d1")
-    assert u("predicted", 1, "d1").endswith(choices.decision_code_digest())  # cutetune's own code
-    assert choices.ChoicesFactory("reduced", 4, "d1").code == choices.decision_code_digest()
+    assert u("predicted", 1, "d1").endswith(ich.decision_code_digest())  # cutetune's own code
+    assert ich.ChoicesFactory("reduced", 4, "d1").code == ich.decision_code_digest()
     # torch 2.11 pickles the factory into the FX-graph cache key: equal factories, equal bytes
-    assert pickle.dumps(choices.ChoicesFactory("reduced", 4, "d1")) == \
-        pickle.dumps(choices.ChoicesFactory("reduced", 4, "d1"))
-    with install.enable("reduced", top_k=2, model=FakeHeuristics(digest="d3")):
+    assert pickle.dumps(ich.ChoicesFactory("reduced", 4, "d1")) == \
+        pickle.dumps(ich.ChoicesFactory("reduced", 4, "d1"))
+    with iin.enable("reduced", top_k=2, model=FakeHeuristics(digest="d3")):
         portable = inductor_config.save_config_portable()
         value = portable["inductor_choices_class"]
         if "inductor_choices_class" in getattr(inductor_config, "_cache_config_factory_keys", []):
             assert value == u("reduced", 2, "d3")  # torch >= 2.13 asks uuid()
         else:
-            assert value == choices.ChoicesFactory("reduced", 2, "d3")
+            assert value == ich.ChoicesFactory("reduced", 2, "d3")
 
 
 def test_factory_without_loaded_heuristics_explains():
     with pytest.raises(RuntimeError, match="enable"):
-        choices.ChoicesFactory("predicted", 1, "never-loaded")()
+        ich.ChoicesFactory("predicted", 1, "never-loaded")()
 
 
 def _write_heuristics(tmp_path) -> str:
@@ -849,33 +850,33 @@ def _write_heuristics(tmp_path) -> str:
 def test_enable_from_env(tmp_path):
     path = _write_heuristics(tmp_path)
     prev = inductor_config.inductor_choices_class
-    assert install.enable_from_env({}) is None
-    assert install.enable_from_env({"CUTETUNE_MODE": "OFF", "CUTETUNE_TOPK": "3"}) is None
+    assert iin.enable_from_env({}) is None
+    assert iin.enable_from_env({"CUTETUNE_MODE": "OFF", "CUTETUNE_TOPK": "3"}) is None
     assert inductor_config.inductor_choices_class is prev
-    with install.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_MODEL": path}) as inst:
+    with iin.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_MODEL": path}) as inst:
         assert inst.factory.mode == "predicted" and inst.factory.top_k == 1
         assert inst.factory.source == Heuristics.load(path).digest
         assert isinstance(inductor_config.post_grad_custom_post_pass, SwigluFusionPass)
-    with install.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_MODEL": path,
+    with iin.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_MODEL": path,
                              "CUTETUNE_FUSE_SWIGLU": "0"}):
         assert not isinstance(inductor_config.post_grad_custom_post_pass, SwigluFusionPass)
-    with install.enable_from_env({"CUTETUNE_MODE": "reduced", "CUTETUNE_TOPK": "3",
+    with iin.enable_from_env({"CUTETUNE_MODE": "reduced", "CUTETUNE_TOPK": "3",
                              "CUTETUNE_MODEL": path,
                              "CUTETUNE_FEEDBACK": str(tmp_path / "fb")}) as inst:
         assert inst.factory.top_k == 3 and inst.feedback is not None
     assert inductor_config.inductor_choices_class is prev
     with pytest.raises(ValueError, match="CUTETUNE_MODE='fast'"):
-        install.enable_from_env({"CUTETUNE_MODE": "fast"})
+        iin.enable_from_env({"CUTETUNE_MODE": "fast"})
     with pytest.raises(ValueError, match="CUTETUNE_TOPK='four'"):
-        install.enable_from_env({"CUTETUNE_MODE": "reduced", "CUTETUNE_TOPK": "four"})
+        iin.enable_from_env({"CUTETUNE_MODE": "reduced", "CUTETUNE_TOPK": "four"})
     with pytest.raises(ValueError, match="CUTETUNE_FUSE_SWIGLU='yes'"):
-        install.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_FUSE_SWIGLU": "yes"})
+        iin.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_FUSE_SWIGLU": "yes"})
 
 
 def test_default_model_needs_packaged_heuristics(tmp_path, monkeypatch):
     monkeypatch.setattr(hz, "DATA_DIR", tmp_path)
     with pytest.raises(HeuristicsError, match="cutetune emit"):
-        install.enable("predicted")
+        iin.enable("predicted")
 
 
 # ---------------------------------------------------------------- GPU: torch.compile end to end
@@ -901,7 +902,7 @@ class RecordingPrefetcher:
 def test_reduced_prefetches_the_graphs_kernels_once_before_benchmarking(fake_gpu):
     rec, choices_seen = RecordingPrefetcher(), []
     cache = sa.get_algorithm_selector_cache()
-    with install.enable("reduced", top_k=2, model=FakeHeuristics(), prefetch=lambda arch: rec):
+    with iin.enable("reduced", top_k=2, model=FakeHeuristics(), prefetch=lambda arch: rec):
         # after cutetune's hook: Inductor lowers addmm first, and by its choices the whole
         # graph's kernels must be queued
         cache.add_preprocessing_fn(lambda cs: choices_seen.append(len(rec.sent)) or cs[:1])
@@ -921,7 +922,7 @@ def test_reduced_prefetches_the_graphs_kernels_once_before_benchmarking(fake_gpu
     assert rec.waited == [keys[:2], keys[2:]]
     assert [prefetch.is_library(k) for k in keys] == [aot.can_link()] * 2 + [False] * 2
     assert keys[2:] == [signature_class(p, c) for p, c in sent[2:]]
-    assert install.await_prefetched not in cache.preprocessing_fns  # removed with the installation
+    assert iin.await_prefetched not in cache.preprocessing_fns  # removed with the installation
 
 
 def dynamo_and_aot_graphs(fn, *args):
@@ -955,7 +956,7 @@ def test_dynamo_gemms_reads_the_problems_lowering_will_see():
     operand, and bmm. A linear with a bias (addmm) is neither's; a bmm of one batch is left
     out; ``@`` on activations whose leading dimensions do not fold into a view (a bmm over
     the broadcast weight here) is left to lowering."""
-    from cutetune.tuner.inductor.early_prefetch import dynamo_gemms
+    from cutetune.tuner.kernels.problems import dynamo_gemms
 
     x, w = torch.randn(2, 32, 256, dtype=BF16), torch.randn(512, 256, dtype=BF16)
     v, bias = torch.randn(512, 128, dtype=BF16), torch.randn(512, dtype=BF16)
@@ -981,7 +982,7 @@ def test_dynamo_gemms_leaves_dynamic_shapes_alone():
     """A graph traced with dynamic shapes is left to lowering: no problem to send, and no
     fake-tensor op run on its symbolic operands (one could add guards to Dynamo's shape
     environment), so no guard added."""
-    from cutetune.tuner.inductor.early_prefetch import _operands, dynamo_gemms
+    from cutetune.tuner.kernels.problems import _operands, dynamo_gemms
 
     x, w = torch.randn(4, 16, 256, dtype=BF16), torch.randn(512, 256, dtype=BF16)
     graphs = {}
@@ -1022,9 +1023,9 @@ def test_reduced_mode_sends_kernels_from_dynamos_graph(fake_gpu):
     rec, user = RecordingPrefetcher(), UserPass()
     inductor_config.pre_grad_custom_pass = user
     try:
-        with install.enable("predicted", model=FakeHeuristics()):
+        with iin.enable("predicted", model=FakeHeuristics()):
             assert inductor_config.pre_grad_custom_pass is user
-        with install.enable("reduced", top_k=2, model=FakeHeuristics(), prefetch=lambda arch: rec):
+        with iin.enable("reduced", top_k=2, model=FakeHeuristics(), prefetch=lambda arch: rec):
             early = inductor_config.pre_grad_custom_pass
             assert early.user_pass is user and "user" in early.uuid()
             early(dynamo)
@@ -1040,7 +1041,7 @@ def test_a_chained_pass_runs_a_plain_function_first_and_then_has_no_uuid():
     """A user's pass that is a plain function (or a CustomGraphPass without a uuid) runs
     before cutetune's, and the chain then has no uuid either, so Inductor bypasses its caches
     as it would for that pass alone, instead of failing on the missing uuid."""
-    from cutetune.tuner.inductor.early_prefetch import EarlyPrefetchPass
+    from cutetune.tuner.inductor.passes import EarlyPrefetchPass
 
     dynamo, _ = dynamo_and_aot_graphs(lambda x, w: x @ w, torch.randn(64, 256, dtype=BF16),
                                       torch.randn(256, 512, dtype=BF16))
@@ -1072,7 +1073,7 @@ def test_a_chained_pass_pickles_as_its_uuid_and_copies_as_itself():
     import copy
     import pickle
 
-    from cutetune.tuner.inductor.early_prefetch import EarlyPrefetchPass
+    from cutetune.tuner.inductor.passes import EarlyPrefetchPass
 
     def chain(user):
         return EarlyPrefetchPass(lambda problems: None, "k", lambda device: "sm90", user)
@@ -1088,7 +1089,7 @@ EARLY_PASS_FRESH_PROCESS = textwrap.dedent("""
     import json, torch
     from torch._dynamo.utils import counters
     from torch._inductor import config as inductor_config
-    from cutetune.tuner.inductor.early_prefetch import EarlyPrefetchPass
+    from cutetune.tuner.inductor.passes import EarlyPrefetchPass
     sent = []
     inductor_config.pre_grad_custom_pass = EarlyPrefetchPass(sent.append, "k",
                                                              lambda device: "sm90")
@@ -1118,19 +1119,19 @@ def test_a_graph_compiled_with_the_early_prefetch_pass_reloads_from_the_fx_graph
 
 def test_prefetch_only_in_reduced_mode_and_its_failure_costs_nothing(fake_gpu):
     rec = RecordingPrefetcher()
-    with install.enable("predicted", model=FakeHeuristics(), prefetch=lambda arch: rec):
+    with iin.enable("predicted", model=FakeHeuristics(), prefetch=lambda arch: rec):
         lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
     assert rec.sent == []
     broken = RecordingPrefetcher(fail=True)  # submit and wait_for both raise
     cache = sa.get_algorithm_selector_cache()
-    with install.enable("reduced", top_k=2, model=FakeHeuristics(), prefetch=lambda arch: broken):
+    with iin.enable("reduced", top_k=2, model=FakeHeuristics(), prefetch=lambda arch: broken):
         cache.add_preprocessing_fn(lambda cs: cs[:1])  # after cutetune's wait
         try:
             assert lower(lambda a, b: a @ b, row(64, 256), row(256, 64)) == [
                 ("extern_kernels.mm", {})]
         finally:
             cache.preprocessing_fns.pop()
-    assert choices._prefetch_for is None  # restored with the installation
+    assert ich._prefetch_for is None  # restored with the installation
 
 
 def test_graph_problems_reads_mm_and_bmm_nodes():
@@ -1179,10 +1180,10 @@ def test_forked_helper_keeps_none_of_this_processs_descriptors(tmp_path):
 EARLY_FORK = """
 import json, sys, torch
 import cutetune
-from cutetune.tuner.kernels import launcher, helper as prefetch
+from cutetune.tuner.kernels import launcher, helper as prefetch, problems
 
 torch.cuda.is_available = lambda: True  # a stand-in sm90 GPU: only the helper needs it
-launcher.device_arch = lambda device: "sm90"
+problems.device_arch = lambda device: "sm90"
 forked_with = []
 
 
@@ -1479,24 +1480,24 @@ def test_fused_kernels_are_built_by_the_helper_when_they_can_be(monkeypatch, tmp
             return self.states[key]
 
     helper = Helper()
-    monkeypatch.setattr(install, "shared_prefetcher", lambda arch: helper)
+    monkeypatch.setattr(iin, "shared_prefetcher", lambda arch: helper)
     monkeypatch.setattr(swiglu, "_builds", {})
     monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path))
     up = GemmProblem(2048, 14336, 4096, b_major="k")
-    install.prepare_fused_kernel(up, PLAIN_SWIGLU)
+    iin.prepare_fused_kernel(up, PLAIN_SWIGLU)
     assert helper.sent == [(up, PLAIN_SWIGLU)]
     assert swiglu._builds["k1"]() == "pending"
     helper.states["k1"] = "done"
     assert swiglu._builds["k1"]() == "done"
     swiglu._builds.clear()
     monkeypatch.setattr(aot, "can_link", lambda: False)
-    install.prepare_fused_kernel(up, PLAIN_SWIGLU)
+    iin.prepare_fused_kernel(up, PLAIN_SWIGLU)
     assert len(helper.sent) == 1 and not swiglu._builds
     monkeypatch.setattr(aot, "can_link", lambda: True)
     _, meta = aot.library_paths(swiglu.library_key(PLAIN_SWIGLU, "sm90", BF16, ("k", "k")))
     meta.parent.mkdir(parents=True)
     meta.write_text("{}")
-    install.prepare_fused_kernel(up, PLAIN_SWIGLU)
+    iin.prepare_fused_kernel(up, PLAIN_SWIGLU)
     assert len(helper.sent) == 1 and not swiglu._builds
 
 
@@ -1546,7 +1547,7 @@ def test_gpu_helper_forked_from_a_cuda_process_builds_kernels_that_run_here(tmp_
     torch.zeros(1, device="cuda")
     problem = GemmProblem(512, 1024, 2048, b_major="k")
     other = GemmProblem(512, 1024, 2048, b_major="n")  # another kernel: B "n"-major
-    pf = KernelPrefetcher(launcher.device_arch(torch.device("cuda")), workers=2,
+    pf = KernelPrefetcher(problems.device_arch(torch.device("cuda")), workers=2,
                           cache_dir=str(tmp_path))
     try:
         assert pf.submit([(problem, C)]) == 1
@@ -1587,14 +1588,14 @@ def test_gpu_compiled_llama_mlp(tmp_path, mode, dtype, monkeypatch, caplog):
     from torch._inductor.utils import fresh_cache, run_and_get_code
 
     caplog.set_level(logging.INFO, logger="cutetune.tuner.inductor.choices")
-    monkeypatch.setattr(decisions, "QUACK_LAUNCH_HOST_US", 0.0)  # small shapes: plumbing, not the rule
+    monkeypatch.setattr(idec, "QUACK_LAUNCH_HOST_US", 0.0)  # small shapes: plumbing, not the rule
     torch.manual_seed(0)
     mlp = LlamaMLP().cuda().to(dtype)
     x = torch.randn(256, 1024, device="cuda", dtype=dtype)
     path = hz.build(FixedModel(), "sm90", "bf16" if dtype == BF16 else "fp16",
                     grid=Grid()).save(tmp_path / "h.json")
     torch._dynamo.reset()
-    with torch.no_grad(), fresh_cache(), install.enable(mode, model=None if mode == "off" else path):
+    with torch.no_grad(), fresh_cache(), iin.enable(mode, model=None if mode == "off" else path):
         out, code = run_and_get_code(torch.compile(mlp), x)
         ref = mlp(x)
     assert _rel_err(out, ref) < 2e-2
@@ -1622,7 +1623,7 @@ def test_gpu_compiled_llama_mlp_with_a_dynamic_m(monkeypatch):
 
     from cutetune.tuner.kernels import swiglu
 
-    monkeypatch.setattr(decisions, "QUACK_LAUNCH_HOST_US", 0.0)  # small shapes: plumbing, not the rule
+    monkeypatch.setattr(idec, "QUACK_LAUNCH_HOST_US", 0.0)  # small shapes: plumbing, not the rule
     monkeypatch.setenv("CUTETUNE_FUSED_KERNELS", "")
     monkeypatch.setattr(prefetch, "SHARED_PREFETCHERS", {})
     monkeypatch.setattr(launcher, "_plans", {})
@@ -1635,12 +1636,12 @@ def test_gpu_compiled_llama_mlp_with_a_dynamic_m(monkeypatch):
     torch._dynamo.reset()
     counters.clear()
     try:
-        with torch.no_grad(), fresh_cache(), install.enable("predicted", model=FixedModel()):
+        with torch.no_grad(), fresh_cache(), iin.enable("predicted", model=FixedModel()):
             compiled = torch.compile(mlp)
             code = "".join(run_and_get_code(compiled, x)[1])
             if aot.can_link():
-                install.shared_prefetcher("sm90").wait(timeout=300)
-                assert install.shared_prefetcher("sm90").failures() == {}
+                iin.shared_prefetcher("sm90").wait(timeout=300)
+                assert iin.shared_prefetcher("sm90").failures() == {}
             for m in (64, 200, 256, 1000):
                 xm = torch.randn(m, 1024, device="cuda", dtype=BF16)
                 assert _rel_err(compiled(xm), mlp(xm)) < 2e-2
@@ -1677,7 +1678,7 @@ def _compile_host_bound_mm(mode: str, fn, m: int, n: int, k: int, transposed_b: 
     w = torch.randn(*((n, k) if transposed_b else (k, n)), device="cuda", dtype=BF16)
     torch._dynamo.reset()
     try:
-        with torch.no_grad(), fresh_cache(), install.enable(mode, prefetch=False, feedback=feedback):
+        with torch.no_grad(), fresh_cache(), iin.enable(mode, prefetch=False, feedback=feedback):
             out, code = run_and_get_code(torch.compile(fn), x, w)
     finally:
         cache.feedback_saver_fns.remove(saver)
@@ -1703,7 +1704,7 @@ def test_gpu_reduced_benchmarks_triton_templates_for_host_bound_mm(tmp_path):
     assert "TritonTemplateCaller" in timed and "ExternKernelCaller" not in timed
     assert "LastResortCaller" in timed and "extern_kernels.mm(" not in code
     assert _rel_err(out, ref) < 2e-2
-    (row,) = load_sweep(tmp_path / feedback.TRITON_FEEDBACK)
+    (row,) = load_sweep(tmp_path / ifb.TRITON_FEEDBACK)
     assert (row.m, row.n, row.k, row.majors) == (16, 1024, 1024, "kk")
     assert row.aten_ms is None and len(row.triton_ms) > 1
 
@@ -1750,14 +1751,14 @@ def test_gpu_predicted_runs_the_packaged_triton_config_for_host_bound_mm():
 TEMPLATE_CACHE_PROCESS = textwrap.dedent("""
     import json, re, torch
     from torch._inductor.utils import run_and_get_code
-    from cutetune.tuner.inductor import choices, decisions, feedback, install
+    from cutetune.tuner.inductor import choices as ich, decisions as idec, feedback as ifb, install as iin
 from cutetune.tuner.kernels import problems
 from cutetune.models import triton_mm as tmm
     from cutetune.tuner.inductor.template_cache import TemplateKernelCache, stored_templates
     torch.manual_seed(0)
     x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad(), install.enable("predicted"):
+    with torch.no_grad(), iin.enable("predicted"):
         out, code = run_and_get_code(torch.compile(lambda a, b: a @ b.t()), x, w)
     ref = x @ w.t()
     print(json.dumps({"loads": TemplateKernelCache.loads, "stores": TemplateKernelCache.stores,
@@ -1791,14 +1792,14 @@ def test_gpu_template_kernel_cache_serves_a_fresh_inductor_cache(tmp_path, run_s
 FRESH_PROCESS = textwrap.dedent("""
     import json, sys, torch
     from torch._dynamo.utils import counters
-    from cutetune.tuner.inductor import choices, decisions, feedback, install
+    from cutetune.tuner.inductor import choices as ich, decisions as idec, feedback as ifb, install as iin
 from cutetune.tuner.kernels import problems
 from cutetune.models import triton_mm as tmm
-    decisions.QUACK_LAUNCH_HOST_US = 0.0  # a small shape: the plumbing, not the host-bound rule
+    idec.QUACK_LAUNCH_HOST_US = 0.0  # a small shape: the plumbing, not the host-bound rule
     torch.manual_seed(0)
     lin = torch.nn.Linear(1024, 2048, bias=True).cuda().to(torch.bfloat16)
     x = torch.randn(128, 1024, device="cuda", dtype=torch.bfloat16)
-    with install.enable("predicted", model=sys.argv[1]):
+    with iin.enable("predicted", model=sys.argv[1]):
         out = torch.compile(lin)(x)
     err = ((out.float() - lin(x).float()).norm() / lin(x).float().norm()).item()
     print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"]

@@ -8,10 +8,12 @@ import textwrap
 import pytest
 import torch
 
+from cutetune.tuner.kernels import problems
 from cutetune.space.config import KernelConfig, quack_default_config
 from cutetune.space.problem import GemmProblem, ProblemError
 from cutetune.tuner.kernels import launcher
-from cutetune.tuner.kernels.launcher import addend_kind, check_out, gemm_problem, quack_mm_out
+from cutetune.tuner.kernels.launcher import quack_mm_out
+from cutetune.tuner.kernels.problems import addend_kind, check_out, gemm_problem
 
 BF16 = torch.bfloat16
 
@@ -96,7 +98,7 @@ def test_unsupported_reason_on_tensors(monkeypatch):
     assert "sm90 or sm100" in launcher.unsupported_reason(a, b, out, cfg)  # not a GPU
     assert "different devices" in launcher.unsupported_reason(
         a, torch.empty(256, 512, dtype=BF16), out, cfg)
-    monkeypatch.setattr(launcher, "device_arch", lambda device: "sm90")
+    monkeypatch.setattr(problems, "device_arch", lambda device: "sm90")
     assert launcher.unsupported_reason(a, b, out, cfg) is None
     assert launcher.unsupported_reason(a, b, out, cfg, c=meta(512)) is None
     split4 = KernelConfig(64, 128, True, 1, 1, False, 8, 4, False)
@@ -104,14 +106,14 @@ def test_unsupported_reason_on_tensors(monkeypatch):
                                                                 out, split4)
     assert "addmm" in launcher.unsupported_reason(meta(2, 64, 256), meta(2, 256, 512),
                                                   meta(2, 64, 512), cfg, c=meta(512))
-    monkeypatch.setattr(launcher, "device_arch", lambda device: "sm100")  # an sm90 config there
+    monkeypatch.setattr(problems, "device_arch", lambda device: "sm100")  # an sm90 config there
     assert "sm100_no_pingpong" in launcher.unsupported_reason(a, b, out, cfg)
 
 
 def test_config_tuple_round_trips():
     c = KernelConfig(64, 96, False, 1, 2, True, 1, 2, False)
-    assert launcher.as_config(launcher.config_tuple(c)) == c
-    assert launcher.as_config(c) is c
+    assert problems.as_config(problems.config_tuple(c)) == c
+    assert problems.as_config(c) is c
 
 
 # ---------------------------------------------------------------- ATen fallback (CPU)
@@ -164,7 +166,7 @@ class RecordingQuack:
 @pytest.fixture
 def sm90_meta(monkeypatch):
     """Meta tensors on a pretend sm90: quack_mm_out runs its quack path up to the launch."""
-    monkeypatch.setattr(launcher, "device_arch", lambda device: "sm90")
+    monkeypatch.setattr(problems, "device_arch", lambda device: "sm90")
     launcher._plans.clear()
     yield
     launcher._plans.clear()
@@ -174,7 +176,7 @@ def test_launch_routes_operands_and_reuses_the_dispatch_plan(sm90_meta, monkeypa
     rec = RecordingQuack()
     monkeypatch.setattr(launcher, "_quack", lambda: (rec, "SERIAL", "RN"))
     a, w, out = meta(64, 256), meta(512, 256), meta(64, 512)
-    cfg = launcher.config_tuple(KernelConfig(64, 128, True, 1, 1, False, 8, 2, False))
+    cfg = problems.config_tuple(KernelConfig(64, 128, True, 1, 1, False, 8, 2, False))
     for _ in range(2):
         quack_mm_out(a, w.t(), out, cfg)
     first, second = rec.calls
@@ -193,7 +195,7 @@ def test_a_config_that_fails_to_launch_retires_to_aten(sm90_meta, monkeypatch):
     rec = RecordingQuack(fail=True)
     monkeypatch.setattr(launcher, "_quack", lambda: (rec, "SERIAL", "RN"))
     a, b, out = meta(64, 256), meta(256, 512), meta(64, 512)
-    cfg = launcher.config_tuple(quack_default_config("sm90"))
+    cfg = problems.config_tuple(quack_default_config("sm90"))
     assert quack_mm_out(a, b, out, cfg) is out  # ATen's meta mm ran instead
     quack_mm_out(a, b, out, cfg)
     assert len(rec.calls) == 1  # retired: not tried again
@@ -241,8 +243,8 @@ GPU_BLIND_LAUNCHES = textwrap.dedent("""
     from cutetune.tuner.kernels.compile import configure_gpu_blind
     configure_gpu_blind("sm90", sys.argv[1])
     from cutetune.space.config import KernelConfig, quack_default_config
-    from cutetune.tuner.kernels import launcher
-    launcher.device_arch = lambda device: "sm90"
+    from cutetune.tuner.kernels import launcher, problems
+    problems.device_arch = lambda device: "sm90"
     bf = dict(dtype=torch.bfloat16)
     a, w, out = torch.randn(64, 256, **bf), torch.randn(512, 256, **bf), torch.empty(64, 512, **bf)
     default, swap = quack_default_config("sm90"), KernelConfig(128, 128, False, 1, 1, True, 1, 1)
@@ -307,8 +309,8 @@ def test_gpu_mm_matches_torch(config, layout):
     b = _cuda(k, n, seed=1) if layout[1] == "n" else _cuda(n, k, seed=1).t()
     out = torch.empty(m, n, device="cuda", dtype=BF16)
     assert launcher.unsupported_reason(a, b, out, config) is None  # quack runs it, not ATen
-    quack_mm_out(a, b, out, launcher.config_tuple(config))
-    quack_mm_out(a, b, out, launcher.config_tuple(config))  # warm path: cached dispatch plan
+    quack_mm_out(a, b, out, problems.config_tuple(config))
+    quack_mm_out(a, b, out, problems.config_tuple(config))  # warm path: cached dispatch plan
     torch.testing.assert_close(out, torch.mm(a, b), rtol=2e-2, atol=2e-2)
 
 
@@ -364,7 +366,7 @@ BUILD_PLAIN_LIBRARIES = textwrap.dedent("""
 LAUNCH_PLAIN_LIBRARIES = textwrap.dedent("""
     import json, sys, torch
     from cutetune.space.config import KernelConfig
-    from cutetune.tuner.kernels import launcher
+    from cutetune.tuner.kernels import launcher, problems
     g = torch.Generator(device="cuda").manual_seed(0)
     out = {"via": [], "errors": []}
     for fields, majors in json.loads(sys.argv[1]):
@@ -391,7 +393,7 @@ def test_gpu_mm_runs_from_its_library_without_quack(tmp_path, run_script):
     A with an "n"-major B, in a fresh process that imports neither quack nor cutlass."""
     import json
 
-    arch = launcher.device_arch(torch.device("cuda"))
+    arch = problems.device_arch(torch.device("cuda"))
     jobs = [(quack_default_config(arch), "kk"), (GPU_CONFIGS[1], "kk"),
             (GPU_CONFIGS[1], "mn"), (quack_default_config(arch), "mn")]
     spec = json.dumps([(c.to_dict(), m) for c, m in jobs])
@@ -404,8 +406,8 @@ def test_gpu_mm_runs_from_its_library_without_quack(tmp_path, run_script):
 PLAN_WITHOUT_QUACK = textwrap.dedent("""
     import json, sys, torch
     from cutetune.space.config import quack_default_config
-    from cutetune.tuner.kernels import launcher
-    launcher.device_arch = lambda device: "sm90"
+    from cutetune.tuner.kernels import launcher, problems
+    problems.device_arch = lambda device: "sm90"
     bf = dict(dtype=torch.bfloat16)
     a, w, out = torch.randn(64, 256, **bf), torch.randn(512, 256, **bf), torch.empty(64, 512, **bf)
     plan = launcher._build_plan(a, w.t(), out, quack_default_config("sm90"), None, 1.0, 1.0)

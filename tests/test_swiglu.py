@@ -14,9 +14,10 @@ from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.utils import run_and_get_code
 
+from cutetune.models import heuristics as hz
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GemmProblem
-from cutetune.tuner.inductor import choices, decisions, feedback, install
+from cutetune.tuner.inductor import choices as ich, decisions as idec, feedback as ifb, install as iin
 from cutetune.tuner.kernels import problems
 from cutetune.models import triton_mm as tmm
 from cutetune.tuner.kernels import pointwise, helper as prefetch, swiglu
@@ -116,7 +117,7 @@ def test_a_dynamic_m_fuses_per_range_of_m_without_recompiling():
     assert f"extern_kernels.{swiglu.MM_SILU_MUL_BY_M_KERNEL}(" in "".join(code)
     assert asked == [2 ** i for i in range(16)]
     assert [(p.m, p.n, p.k, c) for p, c in fusion.fused] == [(64, 64, 32, PLAIN)]
-    table = ((45, None), (choices.launcher.M_UNBOUNDED, choices.launcher.config_tuple(PLAIN)))
+    table = ((45, None), (ich.launcher.M_UNBOUNDED, problems.config_tuple(PLAIN)))
     assert f"table={table!r}" in "".join(code)
 
 
@@ -125,10 +126,10 @@ def test_a_host_bound_rung_of_a_dynamic_m_fuses():
     (Inductor's pointwise kernel is one launch), but fused at a rung of a dynamic M, whose
     unfused path is launches of its own; above the host-bound limit both decide alike."""
     table = Table(SPLIT, PLAIN)
-    assert decisions.decide_swiglu(P(16), table, 48.0) is None
-    assert decisions.decide_swiglu(P(16), table, 48.0, dynamic_m=True) == PLAIN
-    assert decisions.decide_swiglu(P(4096), table, 48.0) == PLAIN
-    assert decisions.decide_swiglu(P(4096), table, 48.0, dynamic_m=True) == PLAIN
+    assert idec.decide_swiglu(P(16), table, 48.0) is None
+    assert idec.decide_swiglu(P(16), table, 48.0, dynamic_m=True) == PLAIN
+    assert idec.decide_swiglu(P(4096), table, 48.0) == PLAIN
+    assert idec.decide_swiglu(P(4096), table, 48.0, dynamic_m=True) == PLAIN
 
 
 class Measured(Table):
@@ -149,12 +150,12 @@ def test_a_host_bound_static_up_projection_fuses_only_where_the_gpu_measured_it(
     stays unfused. A dynamic M's rung takes the measurement where there is one too."""
     fast = KernelConfig(tile_m=64, tile_n=128, pingpong=False, cluster_m=1, cluster_n=1)
     table = Measured({P(16): fast, P(128): None}, SPLIT, PLAIN)
-    assert decisions.decide_swiglu(P(16), table, 48.0) == fast
-    assert decisions.decide_swiglu(P(128), table, 48.0) is None
-    assert decisions.decide_swiglu(P(1), table, 48.0) is None
-    assert decisions.decide_swiglu(P(1), table, 48.0, dynamic_m=True) == PLAIN
-    assert decisions.decide_swiglu(P(128), table, 48.0, dynamic_m=True) is None
-    assert decisions.decide_swiglu(P(16), table, 48.0, dynamic_m=True) == fast
+    assert idec.decide_swiglu(P(16), table, 48.0) == fast
+    assert idec.decide_swiglu(P(128), table, 48.0) is None
+    assert idec.decide_swiglu(P(1), table, 48.0) is None
+    assert idec.decide_swiglu(P(1), table, 48.0, dynamic_m=True) == PLAIN
+    assert idec.decide_swiglu(P(128), table, 48.0, dynamic_m=True) is None
+    assert idec.decide_swiglu(P(16), table, 48.0, dynamic_m=True) == fast
 
 
 DYNAMIC_M_FRESH_PROCESS = """
@@ -208,7 +209,7 @@ def _reload_from_the_fx_graph_cache(run_script, script: str, tmp_path, kernel: s
 
 
 def test_the_by_m_op_fuses_the_range_that_holds_m():
-    table = ((4, None), (choices.launcher.M_UNBOUNDED, PLAIN))
+    table = ((4, None), (ich.launcher.M_UNBOUNDED, PLAIN))
     for m in (3, 8):
         a, b, gate = torch.randn(m, 16), torch.randn(16, 4), torch.randn(m, 4)
         torch.testing.assert_close(
@@ -269,14 +270,14 @@ def test_the_packaged_weighing_templates_the_llama_mlps_up_projection_where_host
         return torch.mm(F.silu(torch.mm(x, wg.t())) * torch.mm(x, wu.t()), wd.t())
 
     heuristics = PackagedHeuristics()
-    installation = install.enable("predicted")  # the installed pass asks the same weighing
+    installation = iin.enable("predicted")  # the installed pass asks the same weighing
     try:
         installed = inductor_config.post_grad_custom_post_pass.templated
         for m, templated in ((1, True), (16, True), (128, True), (256, False), (2048, False)):
             args = [torch.empty(s, dtype=BF16, device="meta")
                     for s in ((m, 4096), (14336, 4096), (14336, 4096), (4096, 14336))]
             graph = make_fx(mlp)(*args).graph
-            gemms, takers = decisions.triton_takers(graph, "sm90", heuristics)
+            gemms, takers = idec.triton_takers(graph, "sm90", heuristics)
             assert (P(m) in takers) is templated is (P(m) in installed(graph, "sm90"))
             assert len(gemms) == (3 if templated else 0)
     finally:
@@ -359,16 +360,16 @@ def test_enable_installs_the_pass_and_restores_the_users():
     prev = inductor_config.post_grad_custom_post_pass
     inductor_config.post_grad_custom_post_pass = user
     try:
-        with install.enable("predicted"):
+        with iin.enable("predicted"):
             installed = inductor_config.post_grad_custom_post_pass
             assert isinstance(installed, SwigluFusionPass) and installed.user_pass is user
-            with install.enable("reduced", prefetch=False):  # nested: wraps the user's, not ours
+            with iin.enable("reduced", prefetch=False):  # nested: wraps the user's, not ours
                 assert inductor_config.post_grad_custom_post_pass.user_pass is user
             assert inductor_config.post_grad_custom_post_pass is installed
-            with install.enable("off"):
+            with iin.enable("off"):
                 assert inductor_config.post_grad_custom_post_pass is user
         assert inductor_config.post_grad_custom_post_pass is user
-        with install.enable("predicted", fuse_swiglu=False):
+        with iin.enable("predicted", fuse_swiglu=False):
             assert inductor_config.post_grad_custom_post_pass is user
     finally:
         inductor_config.post_grad_custom_post_pass = prev
@@ -377,17 +378,17 @@ def test_enable_installs_the_pass_and_restores_the_users():
 def test_pointwise_share_prices_the_saved_traffic_at_the_ceilings():
     """At K=4096 the pointwise kernel's 3*M*N elements cost 13 % of a compute-bound GEMM on
     an H200's ceilings; the share falls as 1/K."""
-    assert swiglu.pointwise_share(P(4096)) == pytest.approx(0.1346, abs=1e-3)
-    assert swiglu.pointwise_share(P(4096, k=8192)) == pytest.approx(0.1346 / 2, abs=1e-3)
+    assert idec.pointwise_share(P(4096)) == pytest.approx(0.1346, abs=1e-3)
+    assert idec.pointwise_share(P(4096, k=8192)) == pytest.approx(0.1346 / 2, abs=1e-3)
 
 
 def test_fusion_config_takes_the_first_config_without_split_k():
-    assert swiglu.fusion_config(P(4096), Table(SPLIT, PLAIN)) == PLAIN
-    assert swiglu.fusion_config(P(4096), Table(SPLIT)) is None
-    assert swiglu.fusion_config(P(4096, k=16384), Table(PLAIN)) is None  # share under 8 %
+    assert idec.fusion_config(P(4096), Table(SPLIT, PLAIN)) == PLAIN
+    assert idec.fusion_config(P(4096), Table(SPLIT)) is None
+    assert idec.fusion_config(P(4096, k=16384), Table(PLAIN)) is None  # share under 8 %
     batched = GemmProblem(m=4096, n=14336, k=4096, batch=2, dtype="bf16", out_dtype="bf16",
                           a_major="k", b_major="k", arch="sm90")
-    assert swiglu.fusion_config(batched, Table(PLAIN)) is None
+    assert idec.fusion_config(batched, Table(PLAIN)) is None
 
 
 def test_the_packaged_heuristics_fuse_the_llama_mlp_where_the_gpu_said_so():
@@ -398,8 +399,8 @@ def test_the_packaged_heuristics_fuse_the_llama_mlp_where_the_gpu_said_so():
     measured = {}
     for name in ("swiglu_h200.json", "swiglu_small_h200.json"):
         bench = json.loads((DATA / "bench" / name).read_text())
-        measured.update(swiglu.measured_fusions(bench, "sm90", "bf16"))
-    installation = install.enable("predicted")
+        measured.update(hz.measured_fusions(bench, "sm90", "bf16"))
+    installation = iin.enable("predicted")
     try:
         decide = inductor_config.post_grad_custom_post_pass.decide
         for m in (1, 16, 128, 2048, 4096, 8192):
@@ -420,14 +421,14 @@ def _bench(unfused, fused, ran_quack=True):
 
 def test_measured_fusions_take_the_fastest_fused_config_that_beats_the_default():
     key = P(4096).key()
-    got = swiglu.measured_fusions(_bench(1.0, [(PLAIN, 0.9, "ok"), (SPLIT, 0.8, "wrong_result"),
+    got = hz.measured_fusions(_bench(1.0, [(PLAIN, 0.9, "ok"), (SPLIT, 0.8, "wrong_result"),
                                                (KernelConfig(), 0.95, "ok")]), "sm90", "bf16")
     assert got == {key: PLAIN}
-    assert swiglu.measured_fusions(_bench(1.0, [(PLAIN, 1.1, "ok")]), "sm90", "bf16") == {key: None}
+    assert hz.measured_fusions(_bench(1.0, [(PLAIN, 1.1, "ok")]), "sm90", "bf16") == {key: None}
     # the ATen fallback's timing is not the fused kernel's
-    assert swiglu.measured_fusions(_bench(1.0, [(PLAIN, 0.5, "ok")], ran_quack=False),
+    assert hz.measured_fusions(_bench(1.0, [(PLAIN, 0.5, "ok")], ran_quack=False),
                                    "sm90", "bf16") == {key: None}
-    assert swiglu.measured_fusions(_bench(1.0, [(PLAIN, 0.5, "ok")]), "sm100", "bf16") == {}
+    assert hz.measured_fusions(_bench(1.0, [(PLAIN, 0.5, "ok")]), "sm100", "bf16") == {}
 
 
 def test_heuristics_file_carries_the_measured_fusions(tmp_path):
@@ -448,9 +449,9 @@ def test_heuristics_file_carries_the_measured_fusions(tmp_path):
     h = hz.Heuristics.load(path)
     assert h.swiglu_config(P(4096)) == (True, KernelConfig(tile_m=64, tile_n=256))
     assert h.swiglu_config(P(8192)) == (True, None) and h.swiglu_config(P(2048)) == (False, None)
-    assert swiglu.fusion_config(P(4096), h) == KernelConfig(tile_m=64, tile_n=256)
-    assert swiglu.fusion_config(P(8192), h) is None
-    assert swiglu.fusion_config(P(2048), h) == PLAIN  # the rule: first config without split-K
+    assert idec.fusion_config(P(4096), h) == KernelConfig(tile_m=64, tile_n=256)
+    assert idec.fusion_config(P(8192), h) is None
+    assert idec.fusion_config(P(2048), h) == PLAIN  # the rule: first config without split-K
     d = json.loads(path.read_text())
     d["swiglu"][P(4096).key()] = 10**6
     path.write_text(json.dumps(d))
@@ -496,7 +497,7 @@ def test_the_one_pass_kernels_variants_are_what_triton_specializes_on():
 def test_a_failing_library_leaves_the_call_on_quack_and_a_failing_quack_on_aten(monkeypatch):
     """The first launch tries the kernel's library, then quack's plan; what raises is logged
     and the next path runs, ATen last, and later calls keep to the path that ran."""
-    monkeypatch.setattr(swiglu, "device_arch", lambda device: "sm90")
+    monkeypatch.setattr(problems, "device_arch", lambda device: "sm90")
     monkeypatch.setattr(swiglu, "_plans", {})
     calls = []
 
@@ -528,7 +529,7 @@ def test_calls_run_aten_while_the_helper_builds_the_library(monkeypatch, caplog)
     """While the compile helper's build of a call's library is pending, calls run ATen
     (unfused) without waiting, and the first says so; the first call after the build is done
     launches the library and later ones keep it; where the build failed, quack runs it."""
-    monkeypatch.setattr(swiglu, "device_arch", lambda device: "sm90")
+    monkeypatch.setattr(problems, "device_arch", lambda device: "sm90")
     monkeypatch.setattr(swiglu, "_plans", {})
     monkeypatch.setattr(swiglu, "_builds", {})
     calls, state = [], {}
@@ -544,7 +545,7 @@ def test_calls_run_aten_while_the_helper_builds_the_library(monkeypatch, caplog)
     monkeypatch.setattr(swiglu, "_quack_runner", lambda *args: runner("quack"))
     a, b = torch.randn(256, 512, dtype=BF16), torch.randn(512, 1024, dtype=BF16)
     gate, out = torch.randn(256, 1024, dtype=BF16), torch.empty(256, 1024, dtype=BF16)
-    p = swiglu._fused_problem(a, b, gate, out, PLAIN)
+    p = problems.fused_call_problem(a, b, gate, out, PLAIN)
     key = swiglu.library_key(PLAIN, "sm90", BF16, (p.a_major, p.b_major))
     swiglu.building(key, lambda: state[key])
     for final, via in (("done", "library"), ("failed: no compiler", "quack")):
@@ -566,7 +567,7 @@ def test_calls_run_aten_while_the_helper_builds_the_library(monkeypatch, caplog)
 
 
 def test_unsupported_reasons_name_the_problem(monkeypatch):
-    monkeypatch.setattr(swiglu, "device_arch", lambda device: "sm90")
+    monkeypatch.setattr(problems, "device_arch", lambda device: "sm90")
     a, b = torch.randn(256, 512, dtype=BF16), torch.randn(512, 1024, dtype=BF16)
     gate, out = torch.randn(256, 1024, dtype=BF16), torch.empty(256, 1024, dtype=BF16)
     assert swiglu.unsupported_reason(a, b, gate, out, PLAIN) is None
@@ -936,7 +937,7 @@ def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048(cold_llama_mlp):
     for _ in range(2):
         torch._dynamo.reset()
         swiglu._plans.clear()
-        with torch.no_grad(), fresh_cache(), install.enable("predicted"):
+        with torch.no_grad(), fresh_cache(), iin.enable("predicted"):
             compiled = torch.compile(mlp)
             out, code = run_and_get_code(compiled, x)
             ref = mlp(x)
@@ -944,8 +945,8 @@ def test_gpu_predicted_mode_fuses_the_llama_mlp_at_m_2048(cold_llama_mlp):
             assert err(out, ref) < 2e-2
             first = {p.via for p in swiglu._plans.values()}
             if aot.can_link():
-                install.shared_prefetcher("sm90").wait(timeout=300)
-                assert install.shared_prefetcher("sm90").failures() == {}
+                iin.shared_prefetcher("sm90").wait(timeout=300)
+                assert iin.shared_prefetcher("sm90").failures() == {}
             assert err(compiled(x), ref) < 2e-2
             vias.append((first, {p.via for p in swiglu._plans.values()}))
     if aot.can_link():  # the helper may win the race with the first call, rarely
@@ -970,12 +971,12 @@ def test_gpu_predicted_mode_fuses_a_dynamic_m_per_range(cold_llama_mlp):
     torch._dynamo.mark_dynamic(x, 0)
     torch._dynamo.reset()
     counters.clear()
-    with torch.no_grad(), fresh_cache(), install.enable("predicted"):
+    with torch.no_grad(), fresh_cache(), iin.enable("predicted"):
         compiled = torch.compile(mlp)
         code = "".join(run_and_get_code(compiled, x)[1])
         if aot.can_link():
-            install.shared_prefetcher("sm90").wait(timeout=300)
-            assert install.shared_prefetcher("sm90").failures() == {}
+            iin.shared_prefetcher("sm90").wait(timeout=300)
+            assert iin.shared_prefetcher("sm90").failures() == {}
         for m in (100, 512, 1024, 2048, 3000):
             xm = torch.randn(m, 4096, device="cuda", dtype=BF16)
             out, ref = compiled(xm), mlp(xm)
@@ -1005,7 +1006,7 @@ def test_gpu_fused_mlp_replays_under_cuda_graphs(cold_llama_mlp):
     for _ in range(2):
         torch._dynamo.reset()
         swiglu._plans.clear()
-        with torch.no_grad(), fresh_cache(), install.enable("predicted"):
+        with torch.no_grad(), fresh_cache(), iin.enable("predicted"):
             compiled = torch.compile(mlp, mode="reduce-overhead")
             code = run_and_get_code(compiled, x)[1]
             assert f"extern_kernels.{swiglu.MM_SILU_MUL_KERNEL}(" in "".join(code)
@@ -1013,15 +1014,15 @@ def test_gpu_fused_mlp_replays_under_cuda_graphs(cold_llama_mlp):
                 out = compiled(x).float()
                 assert ((out - ref).norm() / ref.norm()).item() < 2e-2
             vias.append({p.via for p in swiglu._plans.values()})
-            install.shared_prefetcher("sm90").wait(timeout=300)
-            assert install.shared_prefetcher("sm90").failures() == {}
+            iin.shared_prefetcher("sm90").wait(timeout=300)
+            assert iin.shared_prefetcher("sm90").failures() == {}
     assert vias[0] <= {None, "library"} and vias[1] == {"library"}
 
 
 FRESH_PROCESS = """
 import json, torch, torch.nn.functional as F
 from torch._dynamo.utils import counters
-from cutetune.tuner.inductor import choices, decisions, feedback, install
+from cutetune.tuner.inductor import choices as ich, decisions as idec, feedback as ifb, install as iin
 from cutetune.tuner.kernels import problems
 from cutetune.models import triton_mm as tmm
 torch.manual_seed(0)
@@ -1029,7 +1030,7 @@ lin = lambda i, o: torch.nn.Linear(i, o, bias=False).cuda().to(torch.bfloat16)
 gate, up, down = lin(4096, 14336), lin(4096, 14336), lin(14336, 4096)
 mlp = lambda x: down(F.silu(gate(x)) * up(x))
 x = torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16)
-with torch.no_grad(), install.enable("predicted"):
+with torch.no_grad(), iin.enable("predicted"):
     out = torch.compile(mlp)(x)
     ref = mlp(x)
 print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"]

@@ -11,7 +11,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from cutetune.tuner.inductor.choices import template_cache
+from cutetune.tuner.inductor import template_cache
 from cutetune.tuner.inductor.template_cache import MANAGER, TemplateKernelCache, stored_templates
 
 
@@ -95,7 +95,7 @@ def test_an_unwritable_store_leaves_the_compile_to_tritons_cache(caches, caplog,
 
 
 def test_enable_installs_the_manager_until_disabled_and_leaves_a_users_own(monkeypatch):
-    from cutetune.tuner.inductor.choices import enable
+    from cutetune.tuner.inductor import enable
 
     monkeypatch.delenv("TRITON_CACHE_MANAGER", raising=False)
     with enable("predicted"):

@@ -13,7 +13,7 @@ from cutetune.models.triton_mm import (CONFIG_KEYS, NARROW_N, LaunchCosts, Retim
     load_sweep, m_bucket, step_host_us)
 from cutetune.space.device import device_for
 from cutetune.space.problem import GemmProblem
-from cutetune.tuner.inductor import choices, decisions, feedback, install
+from cutetune.tuner.inductor import choices as ich, decisions as idec, feedback as ifb, install as iin
 from cutetune.tuner.kernels import problems
 from cutetune.models import triton_mm as tmm
 from cutetune.models.heuristics import Grid, Heuristics, HeuristicsError, predicted_triton_shapes
@@ -359,26 +359,26 @@ def test_decide_gives_the_tables_config_in_predicted_mode(tmp_path):
     reduced mode benchmarks Inductor's Triton list unless the table's retime measured the
     shape: then it takes the config that ran it fastest, as predicted mode does."""
     h = heuristics_with(TritonTable.from_sweep(load_sweep(write(tmp_path / "s", ROWS))))
-    limit = decisions.QUACK_LAUNCH_HOST_US
+    limit = idec.QUACK_LAUNCH_HOST_US
     p = GemmProblem(4, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")
-    d = decisions.decide(p, "predicted", h, 1, limit)
+    d = idec.decide(p, "predicted", h, 1, limit)
     assert d.leave and d.aten and not d.triton and dict(d.triton_config) == Y
-    d = decisions.decide(p, "reduced", h, 5, limit)
+    d = idec.decide(p, "reduced", h, 5, limit)
     assert d.leave and d.triton and d.triton_config == ()
     compute_bound = GemmProblem(1024, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")
-    assert decisions.decide(compute_bound, "predicted", h, 1, limit).triton_config == ()
+    assert idec.decide(compute_bound, "predicted", h, 1, limit).triton_config == ()
     no_table = GemmProblem(64, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")
-    assert decisions.decide(no_table, "predicted", h, 1, limit) == decisions.NodeDecision(
-        (), True, decisions.decide(no_table, "predicted", h, 1, limit).reason, leave=True)
-    assert decisions.decide(no_table, "reduced", h, 5, limit).triton
+    assert idec.decide(no_table, "predicted", h, 1, limit) == idec.NodeDecision(
+        (), True, idec.decide(no_table, "predicted", h, 1, limit).reason, leave=True)
+    assert idec.decide(no_table, "reduced", h, 5, limit).triton
     h.triton.costs = LaunchCosts(30.0, 20.0, (0.0, 1.0, 0.0), (0.0, 1.1, 0.0), (1.0, 1.0),
                                  (RetimedShape(p, key(Z), 20.0, 19.0, "sweep_2"),))
     for mode in ("predicted", "reduced"):
-        d = decisions.decide(p, mode, h, 5, limit)
+        d = idec.decide(p, mode, h, 5, limit)
         assert d.leave and not d.triton and dict(d.triton_config) == Z, mode
     other = GemmProblem(8, 4096, 4096, 1, "bf16", "bf16", "k", "k", "sm90")  # not retimed
-    assert dict(decisions.decide(other, "predicted", h, 1, limit).triton_config) == Y
-    d = decisions.decide(other, "reduced", h, 5, limit)
+    assert dict(idec.decide(other, "predicted", h, 1, limit).triton_config) == Y
+    d = idec.decide(other, "reduced", h, 5, limit)
     assert d.triton and d.triton_config == ()
 
 

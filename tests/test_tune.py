@@ -160,7 +160,7 @@ def test_cli_gpu_path_reports_cublas_and_appends(tmp_path, capsys, monkeypatch):
     import json
 
     from cutetune.models.dataset import load
-    from cutetune.tuner.measure.timing import gpu_session
+    from cutetune.tuner.measure import gpu_session
 
     table = synthetic_table([PROBLEM])
     rows = {r["config_key"]: r for r in table.to_pylist()}

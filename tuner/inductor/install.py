@@ -20,7 +20,7 @@ from ...models.heuristics import Heuristics, ModelHeuristics, PackagedHeuristics
 from ..kernels import aot, launcher, problems, swiglu
 from ..kernels.helper import is_library, shared_prefetcher, start_for_this_gpu
 from ..kernels.problems import TORCH_DTYPE_OF
-from . import choices, template_cache
+from . import choices as hook, template_cache
 from .choices import _SOURCES, ChoicesFactory, send_kernels
 from .decisions import REDUCED_TOP_K, decide_swiglu, host_bound_us, triton_takers
 from .feedback import FeedbackRecorder
@@ -46,13 +46,13 @@ def await_prefetched(choices: list) -> list:
     are not built already, rather than build them one by one in this process (the wait is
     logged). Choices pass through unchanged."""
     kernels = [k for k in (getattr(c, "cutetune_kernel", None) for c in choices) if k]
-    if kernels and choices._prefetch_for is not None:
+    if kernels and hook._prefetch_for is not None:
         keys = [key for _, key in kernels]
         try:
             if not all(is_library(k) for k in keys):
                 launcher.import_quack()
             t0 = time.perf_counter()
-            ready = choices._prefetch_for(kernels[0][0]).wait_for(keys, timeout=PREFETCH_WAIT_S)
+            ready = hook._prefetch_for(kernels[0][0]).wait_for(keys, timeout=PREFETCH_WAIT_S)
             log.info("cutetune: waited %.2f s for the compile helper's %d kernels of a node%s",
                      time.perf_counter() - t0, len(keys), "" if ready else " (timed out)")
         except Exception as e:  # noqa: BLE001  (the benchmark compiles what is missing)
@@ -80,7 +80,7 @@ def early_prefetch_pass(factory: ChoicesFactory, user_pass) -> EarlyPrefetchPass
     heuristics = _SOURCES[factory.source]
 
     def send(problems: list[GemmProblem]) -> None:
-        if choices._prefetch_for is None:  # compiled after the installation ended
+        if hook._prefetch_for is None:  # compiled after the installation ended
             return
         for arch in dict.fromkeys(p.arch for p in problems):
             n = send_kernels([p for p in problems if p.arch == arch], arch, factory.mode,
@@ -170,7 +170,7 @@ class Installation:
             (lambda user: early_prefetch_pass(factory, user))
             if factory is not None and prefetch_for is not None else None)
         self._prev_manager = template_cache.install() if factory is not None else _UNSET
-        self._prev_prefetch, choices._prefetch_for = choices._prefetch_for, prefetch_for
+        self._prev_prefetch, hook._prefetch_for = hook._prefetch_for, prefetch_for
         self._prev_class = inductor_config.inductor_choices_class
         if factory is not None:
             new_class = factory
@@ -191,7 +191,7 @@ class Installation:
         if not self.active:
             return
         self.active = False
-        choices._prefetch_for = self._prev_prefetch
+        hook._prefetch_for = self._prev_prefetch
         if self._prev_manager is not _UNSET:
             template_cache.uninstall(self._prev_manager)
         inductor_config.inductor_choices_class = self._prev_class
