@@ -20,15 +20,15 @@ import logging
 import math
 import threading
 import time
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import torch
 
 from ...space.config import KernelConfig
-from ...space.problem import TMA_ALIGN_BYTES, ProblemError
+from ...space.problem import ProblemError
 
-from . import aot, library as gemm_library, problems
-from .problems import TMA_ALIGN_BYTES, as_config
+from . import aot, library as gemm_library, problems, runtime
+from .problems import as_config
 
 log = logging.getLogger(__name__)
 
@@ -43,23 +43,21 @@ M_UNBOUNDED = 2 ** 62  # the largest M of a table's last range: every M
 
 
 # ---------------------------------------------------------------- run time
-class _Plan:
-    """What one metadata key resolved to: the config, the key of the kernel's TVM-FFI library
-    where one can serve it (``gemm_library``) and, after the first launch, how it runs:
-    ``run(a, b, out)`` from that library, else quack's dispatch plan (``via`` says which).
-    ``config is None`` means this key runs on ATen."""
+class _MmPlan(runtime.Plan):
+    """A plain GEMM's plan: beside ``runtime.Plan``, the arch and addend kind (``addend_kind``)
+    and, once launched through quack, its GemmConfig and dispatch plan."""
 
-    __slots__ = ("config", "arch", "addend", "library", "run", "quack_config", "dispatch", "via")
+    __slots__ = ("arch", "addend", "quack_config", "dispatch")
 
     def __init__(self, config: KernelConfig | None, arch: str | None = None,
                  addend: str | None = None, library: str | None = None) -> None:
-        self.config, self.arch, self.addend, self.library = config, arch, addend, library
+        super().__init__(config, library)
+        self.arch, self.addend = arch, addend
         # quack's GemmConfig is made at the first launch through quack: its type imports quack
-        self.run = self.quack_config = self.dispatch = self.via = None
+        self.quack_config = self.dispatch = None
 
 
-_ATEN = _Plan(None)
-_plans: dict[tuple, _Plan] = {}
+_plans: dict[tuple, runtime.Plan] = {}
 
 
 def unsupported_reason(a, b, out, config, c=None, beta: float = 1.0) -> str | None:
@@ -71,21 +69,17 @@ def unsupported_reason(a, b, out, config, c=None, beta: float = 1.0) -> str | No
     return None
 
 
-def _build_plan(a, b, out, config: KernelConfig, c, alpha, beta) -> _Plan:
+def _build_plan(a, b, out, config: KernelConfig, c, alpha, beta) -> runtime.Plan:
     try:
         problem, addend = problems.call_problem(a, b, out, config, c, beta)
     except ProblemError as e:
         log.info("cutetune: ATen for %s @ %s (%s)", tuple(a.shape), tuple(b.shape), e)
-        return _ATEN
+        return runtime.ATEN
     library = None
     if addend is None and alpha == 1 and a.dim() == 2 \
             and gemm_library.unsupported_reason(problem, config) is None:
         library = gemm_library.library_key(problem, config)
-    return _Plan(config, problem.arch, addend, library)
-
-
-def _aligned(*tensors) -> bool:
-    return all(t is None or t.data_ptr() % TMA_ALIGN_BYTES == 0 for t in tensors)
+    return _MmPlan(config, problem.arch, addend, library)
 
 
 def _aten(a, b, out, c, alpha, beta):
@@ -150,7 +144,7 @@ def await_background_import() -> None:
         import_quack_in_background().join()
 
 
-def _launch(plan: _Plan, a, b, out, c, alpha, beta) -> None:
+def _launch(plan: _MmPlan, a, b, out, c, alpha, beta) -> None:
     execute, serial, rn = _quack()
     cfg = plan.config
     if plan.quack_config is None:
@@ -175,27 +169,45 @@ def quack_kernel(config: KernelConfig, arch: str):
     """``fn(a, b, out)``: the bare quack launch for one config, with no support checks and no
     ATen fallback. The measurement harness times exactly this; ``quack_mm_out`` runs it once a
     call is known to be supported."""
-    plan = _Plan(config, arch)
+    plan = _MmPlan(config, arch)
     return lambda a, b, out: _launch(plan, a, b, out, None, 1.0, 1.0)
 
 
 def quack_dispatch_plan(config: KernelConfig, arch: str, a, b, out):
     """quack's dispatch plan of ``a @ b`` into ``out`` for ``config``, after launching it as
     ``quack_kernel`` does (``gemm_library`` builds libraries through this very call)."""
-    plan = _Plan(config, arch)
+    plan = _MmPlan(config, arch)
     _launch(plan, a, b, out, None, 1.0, 1.0)
     return plan.dispatch
 
 
-def _first_launch(plan: _Plan, a, b, out, c, alpha, beta) -> None:
-    """Launch from the kernel's library where it has one built and it runs, else through quack
-    (a failure there too reaches ``launch_first``, which retires the call to ATen)."""
-    if plan.library is not None and aot.launch_from_library(
-            plan, lambda: gemm_library.runner(plan.config, plan.library, a.device), (a, b, out),
-            "the kernel"):
-        return
-    _launch(plan, a, b, out, c, alpha, beta)
-    plan.via = "quack"
+class _Mm:
+    """The plain GEMM's part of ``runtime.call``; a call is ``(a, b, out, c, alpha, beta)``."""
+
+    aten = staticmethod(_aten)
+
+    @staticmethod
+    def pending(plan, call) -> bool:
+        """A first launch loads or compiles the kernel, which a CUDA graph being captured may
+        refuse: such a call runs ATen (and the graph keeps it), a later one launches."""
+        return call[0].is_cuda and torch.cuda.is_current_stream_capturing()
+
+    @staticmethod
+    def first_launch(plan: _MmPlan, a, b, out, c, alpha, beta) -> None:
+        """From the kernel's library where it has one built and it runs, else through quack
+        (a failure there too reaches ``runtime.launch_first``, which retires the call to
+        ATen)."""
+        if plan.library is not None and aot.launch_from_library(
+                plan, lambda: gemm_library.runner(plan.config, plan.library, a.device),
+                (a, b, out, c, alpha, beta), "the kernel"):
+            return
+        _launch(plan, a, b, out, c, alpha, beta)
+        plan.run, plan.via = partial(_launch, plan), "quack"
+
+    @staticmethod
+    def describe(plan, call) -> str:
+        return (f"quack config {plan.config.short()} on {tuple(call[0].shape)} @ "
+                f"{tuple(call[1].shape)}")
 
 
 def quack_mm_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config,
@@ -215,38 +227,7 @@ def quack_mm_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, config,
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = _build_plan(a, b, out, as_config(config), c, alpha, beta)
-    if plan.config is None or out.numel() == 0 or not _aligned(a, b, out, c):
-        return _aten(a, b, out, c, alpha, beta)
-    if plan.run is not None:
-        plan.run(a, b, out)
-        return out
-    if plan.dispatch is not None:
-        _launch(plan, a, b, out, c, alpha, beta)
-        return out
-    if a.is_cuda and torch.cuda.is_current_stream_capturing():
-        # a first launch loads or compiles the kernel, which a CUDA graph being captured may
-        # refuse: this call runs ATen (and the graph keeps it), a later one launches the kernel
-        return _aten(a, b, out, c, alpha, beta)
-    if not launch_first(lambda: _first_launch(plan, a, b, out, c, alpha, beta),
-                        f"quack config {plan.config.short()} on {tuple(a.shape)} @ "
-                        f"{tuple(b.shape)}"):
-        _plans[key] = _ATEN
-        return _aten(a, b, out, c, alpha, beta)
-    return out
-
-
-def launch_first(launch, what: str) -> bool:
-    """Run a kernel's first launch (it compiles or loads the kernel) and log how long it took.
-    False, with a warning, when it raises: a kernel that cannot be built must not take the
-    model down, so the caller retires that call's metadata to ATen."""
-    t0 = time.perf_counter()
-    try:
-        launch()
-    except Exception as e:  # noqa: BLE001
-        log.warning("cutetune: %s failed (%s: %s); using ATen", what, type(e).__name__, e)
-        return False
-    log.info("cutetune: first launch of %s took %.3f s", what, time.perf_counter() - t0)
-    return True
+    return runtime.call(_Mm, _plans, key, plan, out, (a, b, out, c), (a, b, out, c, alpha, beta))
 
 
 # ---------------------------------------------------------------- Inductor extern kernels

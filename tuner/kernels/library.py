@@ -96,6 +96,7 @@ def build_library(problem: GemmProblem, config: KernelConfig) -> float:
 
 
 def runner(config: KernelConfig, key: str, device):
-    """``run(a, b, out)`` through the library ``key`` when it is built and loads, else None."""
+    """``run(a, b, out, *rest)`` through the library ``key`` when it is built and loads, else
+    None (``rest``: the call's addend arguments, None and ones where a library serves it)."""
     lib = aot.load(key, device, config.cluster_size, "the kernel", config.max_swizzle_size)
-    return None if lib is None else (lambda a, b, out: lib.launch(a, b, out, None))
+    return None if lib is None else (lambda a, b, out, *_: lib.launch(a, b, out, None))

@@ -30,29 +30,14 @@ import torch
 from ...space.config import KernelConfig
 from ...space.problem import ProblemError
 
-from . import aot, pointwise
-from . import problems
-from .launcher import _aligned, config_for_m, launch_first, register_extern
+from . import aot, pointwise, problems, runtime
+from .launcher import config_for_m, register_extern
 from .problems import TORCH_DTYPES, as_config, config_tuple
 
 log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- run time
-class _Plan:
-    """What one metadata key resolved to: its config (None: ATen), its TVM-FFI library's key
-    (``library_key``) and, after the first launch, ``run(a, b, gate, out)`` and what it runs
-    through (``via``): that library (``aot.py``) or quack's plan."""
-
-    __slots__ = ("config", "library", "run", "via", "deferred")
-
-    def __init__(self, config: KernelConfig | None, library: str | None = None) -> None:
-        self.config, self.library = config, library
-        self.run = self.via = None
-        self.deferred = False  # calls ran ATen while the compile helper built the library
-
-
-_ATEN = _Plan(None)
-_plans: dict[tuple, _Plan] = {}
+_plans: dict[tuple, runtime.Plan] = {}
 # Library builds under way: ``aot.kernel_key`` -> its state ("pending", "done" or
 # "failed: why"), registered by whoever started them (Inductor's compile helper). While a
 # call's build is pending the call runs ATen, unfused, and the next call looks again: the
@@ -96,7 +81,7 @@ def _aten(a, b, gate, out):
     return pointwise.silu_mul_(out, gate)
 
 
-def _build_pending(plan: _Plan, device: torch.device) -> bool:
+def _build_pending(plan: runtime.Plan, device: torch.device) -> bool:
     """Whether the compile helper is still building ``plan``'s library (or the stream is
     being captured into a CUDA graph, where no library is loaded): the call then runs ATen.
     The first such call says so."""
@@ -132,9 +117,9 @@ def _quack_runner(config: KernelConfig, a, b, gate, out):
     return lambda a, b, gate, out: plan.run(a, b, gate, out={"D": out})
 
 
-def _first_launch(plan: _Plan, a, b, gate, out) -> None:
+def _first_launch(plan: runtime.Plan, a, b, gate, out) -> None:
     """Launch from the kernel's library if it loads and runs, else through quack (a failure
-    there too reaches ``launch_first``, which retires the call to ATen): the helper's build
+    there too reaches ``runtime.launch_first``, which retires the call to ATen): the helper's build
     failed, or it had none to do (no C compiler, quack's disk cache off)."""
     if aot.launch_from_library(plan, lambda: _library_runner(plan.config, plan.library,
                                                              a.device),
@@ -189,6 +174,19 @@ def build_library(config: KernelConfig, arch: str, dtype: torch.dtype,
     return time.perf_counter() - t0
 
 
+class _Fused:
+    """The fused kernel's part of ``runtime.call``; a call is ``(a, b, gate, out)``."""
+
+    aten = staticmethod(lambda a, b, gate, out: _aten(a, b, gate, out))
+    pending = staticmethod(lambda plan, call: _build_pending(plan, call[0].device))
+    first_launch = staticmethod(lambda plan, a, b, gate, out: _first_launch(plan, a, b, gate, out))
+
+    @staticmethod
+    def describe(plan, call) -> str:
+        return (f"fused SwiGLU config {plan.config.short()} on {tuple(call[0].shape)} @ "
+                f"{tuple(call[1].shape)}")
+
+
 def quack_mm_silu_mul_out(a: torch.Tensor, b: torch.Tensor, gate: torch.Tensor,
                           out: torch.Tensor, config) -> torch.Tensor:
     """``out = silu(gate) * (a @ b)`` with quack's fused kernel for ``config`` (a
@@ -203,25 +201,13 @@ def quack_mm_silu_mul_out(a: torch.Tensor, b: torch.Tensor, gate: torch.Tensor,
         config = as_config(config)
         try:
             p = problems.fused_call_problem(a, b, gate, out, config)
-            plan = _Plan(config, library_key(config, p.arch, a.dtype, (p.a_major, p.b_major)))
+            plan = runtime.Plan(config, library_key(config, p.arch, a.dtype, (p.a_major, p.b_major)))
         except ProblemError as e:
             log.info("cutetune: ATen for silu(gate) * %s @ %s (%s)", tuple(a.shape),
                      tuple(b.shape), e)
-            plan = _ATEN
+            plan = runtime.ATEN
         _plans[key] = plan
-    if plan.config is None or out.numel() == 0 or not _aligned(a, b, gate, out):
-        return _aten(a, b, gate, out)
-    if plan.run is not None:
-        plan.run(a, b, gate, out)
-        return out
-    if _build_pending(plan, a.device):
-        return _aten(a, b, gate, out)
-    if not launch_first(lambda: _first_launch(plan, a, b, gate, out),
-                        f"fused SwiGLU config {plan.config.short()} on {tuple(a.shape)} @ "
-                        f"{tuple(b.shape)}"):
-        _plans[key] = _ATEN
-        return _aten(a, b, gate, out)
-    return out
+    return runtime.call(_Fused, _plans, key, plan, out, (a, b, gate, out), (a, b, gate, out))
 
 
 # ---------------------------------------------------------------- the op graphs call
