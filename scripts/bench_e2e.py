@@ -229,7 +229,8 @@ def overhead_worker(spec: dict) -> dict:
     import torch
 
     from cutetune.space.config import quack_default_config
-    from cutetune.tuner.kernels.launcher import import_quack, quack_mm_out
+    from cutetune.tuner.kernels.launcher import quack_mm_out
+    from cutetune.tuner.kernels.quack_gemm import import_quack
     from cutetune.tuner.kernels.problems import config_tuple, device_arch
 
     m = n = k = spec["size"]

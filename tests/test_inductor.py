@@ -29,7 +29,7 @@ from cutetune.models import heuristics as hz
 from cutetune.tuner.inductor import choices as ich, decisions as idec, feedback as ifb, install as iin
 from cutetune.tuner.kernels import problems
 from cutetune.models import triton_mm as tmm
-from cutetune.tuner.kernels import aot, launcher, helper as prefetch
+from cutetune.tuner.kernels import aot, launcher, helper as prefetch, quack_gemm
 from cutetune.tuner.measure.executor import signature_class
 from cutetune.tuner.inductor.passes import SwigluFusionPass
 from cutetune.models.heuristics import Grid, Heuristics, HeuristicsError
@@ -348,7 +348,7 @@ MM, ADDMM = f"extern_kernels.{launcher.MM_KERNEL}", f"extern_kernels.{launcher.A
 
 def test_predicted_gives_one_quack_choice_per_node(fake_gpu, monkeypatch):
     fake, imports = FakeHeuristics(), []
-    monkeypatch.setattr(launcher, "import_quack_in_background", lambda: imports.append(1))
+    monkeypatch.setattr(quack_gemm, "import_quack_in_background", lambda: imports.append(1))
     with iin.enable("predicted", model=fake):
         kernels = lower(block, *BLOCK)
     assert len(imports) == 3  # quack's import starts with the first node that chose it
@@ -374,7 +374,7 @@ def test_predicted_falls_back_to_aten(fake_gpu, monkeypatch):
                      row(256, 64, dtype=torch.float32))
         odd_k = lower(lambda a, b: a @ b, row(64, 100), row(100, 64))
     imports = []
-    monkeypatch.setattr(launcher, "import_quack_in_background", lambda: imports.append(1))
+    monkeypatch.setattr(quack_gemm, "import_quack_in_background", lambda: imports.append(1))
     with iin.enable("predicted", model=FakeHeuristics(prefers_aten=True)):
         cublas = lower(lambda a, b: a @ b, row(64, 256), row(256, 64))
     monkeypatch.setattr(idec, "QUACK_LAUNCH_HOST_US", 48.0)  # the rule fake_gpu lifts
@@ -1543,7 +1543,7 @@ def test_gpu_helper_forked_from_a_cuda_process_builds_kernels_that_run_here(tmp_
 
     monkeypatch.setattr(qcache, "CACHE_DIR", str(tmp_path))  # a cold kernel cache
     monkeypatch.setattr(launcher, "_plans", {})
-    launcher.import_quack()
+    quack_gemm.import_quack()
     torch.zeros(1, device="cuda")
     problem = GemmProblem(512, 1024, 2048, b_major="k")
     other = GemmProblem(512, 1024, 2048, b_major="n")  # another kernel: B "n"-major

@@ -11,7 +11,7 @@ import torch
 from cutetune.tuner.kernels import problems
 from cutetune.space.config import KernelConfig, quack_default_config
 from cutetune.space.problem import GemmProblem, ProblemError
-from cutetune.tuner.kernels import launcher
+from cutetune.tuner.kernels import launcher, quack_gemm
 from cutetune.tuner.kernels.launcher import quack_mm_out
 from cutetune.tuner.kernels.problems import addend_kind, check_out, gemm_problem
 
@@ -174,7 +174,7 @@ def sm90_meta(monkeypatch):
 
 def test_launch_routes_operands_and_reuses_the_dispatch_plan(sm90_meta, monkeypatch):
     rec = RecordingQuack()
-    monkeypatch.setattr(launcher, "_quack", lambda: (rec, "SERIAL", "RN"))
+    monkeypatch.setattr(quack_gemm, "_quack", lambda: (rec, "SERIAL", "RN"))
     a, w, out = meta(64, 256), meta(512, 256), meta(64, 512)
     cfg = problems.config_tuple(KernelConfig(64, 128, True, 1, 1, False, 8, 2, False))
     for _ in range(2):
@@ -193,7 +193,7 @@ def test_launch_routes_operands_and_reuses_the_dispatch_plan(sm90_meta, monkeypa
 
 def test_a_config_that_fails_to_launch_retires_to_aten(sm90_meta, monkeypatch):
     rec = RecordingQuack(fail=True)
-    monkeypatch.setattr(launcher, "_quack", lambda: (rec, "SERIAL", "RN"))
+    monkeypatch.setattr(quack_gemm, "_quack", lambda: (rec, "SERIAL", "RN"))
     a, b, out = meta(64, 256), meta(256, 512), meta(64, 512)
     cfg = problems.config_tuple(quack_default_config("sm90"))
     assert quack_mm_out(a, b, out, cfg) is out  # ATen's meta mm ran instead
@@ -206,10 +206,10 @@ def test_concurrent_first_uses_import_quack_once(monkeypatch, caplog):
     import logging
     import threading
 
-    monkeypatch.setattr(launcher, "_QUACK", None)
+    monkeypatch.setattr(quack_gemm, "_QUACK", None)
     got = []
-    with caplog.at_level(logging.INFO, logger=launcher.log.name):
-        threads = [threading.Thread(target=lambda: got.append(launcher._quack()))
+    with caplog.at_level(logging.INFO, logger=quack_gemm.log.name):
+        threads = [threading.Thread(target=lambda: got.append(quack_gemm._quack()))
                    for _ in range(2)]
         for t in threads:
             t.start()
@@ -226,14 +226,14 @@ def test_background_import_starts_once_and_logs_a_failure(monkeypatch, caplog):
         calls.append(1)
         raise ImportError("no quack here")
 
-    monkeypatch.setattr(launcher, "_quack", failing_import)
-    launcher.import_quack_in_background.cache_clear()
+    monkeypatch.setattr(quack_gemm, "_quack", failing_import)
+    quack_gemm.import_quack_in_background.cache_clear()
     try:
-        thread = launcher.import_quack_in_background()
+        thread = quack_gemm.import_quack_in_background()
         thread.join(timeout=10)
-        assert launcher.import_quack_in_background() is thread  # once per process
+        assert quack_gemm.import_quack_in_background() is thread  # once per process
     finally:
-        launcher.import_quack_in_background.cache_clear()
+        quack_gemm.import_quack_in_background.cache_clear()
     assert calls == [1] and not thread.is_alive()
     assert "background import for quack failed (ImportError: no quack here)" in caplog.text
 
@@ -243,7 +243,7 @@ GPU_BLIND_LAUNCHES = textwrap.dedent("""
     from cutetune.tuner.kernels.compile import configure_gpu_blind
     configure_gpu_blind("sm90", sys.argv[1])
     from cutetune.space.config import KernelConfig, quack_default_config
-    from cutetune.tuner.kernels import launcher, problems
+    from cutetune.tuner.kernels import launcher, problems, quack_gemm
     problems.device_arch = lambda device: "sm90"
     bf = dict(dtype=torch.bfloat16)
     a, w, out = torch.randn(64, 256, **bf), torch.randn(512, 256, **bf), torch.empty(64, 512, **bf)
@@ -259,7 +259,7 @@ GPU_BLIND_LAUNCHES = textwrap.dedent("""
         assert plan.config is not None, launcher.unsupported_reason(a_, b_, o_, cfg, c, beta)
         assert (plan.library is not None) == (c is None and a_.dim() == 2)  # a plain 2D mm
         try:
-            launcher._launch(plan, a_, b_, o_, c, 1.0, beta)
+            quack_gemm.launch(plan, a_, b_, o_, c, 1.0, beta)
         except Exception as e:  # no GPU: loading the compiled kernel is as far as it gets
             print(type(e).__name__, str(e)[:200])
     print(len(cases))
@@ -366,7 +366,7 @@ BUILD_PLAIN_LIBRARIES = textwrap.dedent("""
 LAUNCH_PLAIN_LIBRARIES = textwrap.dedent("""
     import json, sys, torch
     from cutetune.space.config import KernelConfig
-    from cutetune.tuner.kernels import launcher, problems
+    from cutetune.tuner.kernels import launcher, problems, quack_gemm
     g = torch.Generator(device="cuda").manual_seed(0)
     out = {"via": [], "errors": []}
     for fields, majors in json.loads(sys.argv[1]):
@@ -406,7 +406,7 @@ def test_gpu_mm_runs_from_its_library_without_quack(tmp_path, run_script):
 PLAN_WITHOUT_QUACK = textwrap.dedent("""
     import json, sys, torch
     from cutetune.space.config import quack_default_config
-    from cutetune.tuner.kernels import launcher, problems
+    from cutetune.tuner.kernels import launcher, problems, quack_gemm
     problems.device_arch = lambda device: "sm90"
     bf = dict(dtype=torch.bfloat16)
     a, w, out = torch.randn(64, 256, **bf), torch.randn(512, 256, **bf), torch.empty(64, 512, **bf)
@@ -459,7 +459,7 @@ ROUTING_AGAINST_QUACK = textwrap.dedent("""
     import quack.gemm as qgemm
     from cutetune.space.config import KernelConfig
     from cutetune.space.problem import GemmProblem
-    from cutetune.tuner.kernels import aot, library as gemm_library, launcher
+    from cutetune.tuner.kernels import aot, library as gemm_library, launcher, quack_gemm
 
     def views(*tensors):
         return [None if t is None else [list(t.shape), list(t.stride())] for t in tensors]
@@ -475,7 +475,7 @@ ROUTING_AGAINST_QUACK = textwrap.dedent("""
         d = torch.empty(m, n, dtype=bf)
         qgemm.launch_gemm = lambda plan, A, B, D, C, *rest: seen.setdefault(
             "quack", views(A, B, D, C))
-        launcher.quack_kernel(config, "sm90")(a, b, d)  # quack's own routing, up to its launch
+        quack_gemm.quack_kernel(config, "sm90")(a, b, d)  # quack's own routing, up to its launch
         key = gemm_library.library_key(problem, config)
         meta = json.loads(aot.library_paths(key)[1].read_text())
         lib = aot.Library.__new__(aot.Library)  # its routing, the loaded function stood in for

@@ -4,7 +4,7 @@ Inductor (2.11 to 2.13) has no CuteDSL GEMM for Hopper. We add one without patch
 ``enable()`` installs an ``InductorChoices`` subclass through
 ``torch._inductor.config.inductor_choices_class``; its ``get_template_configs`` replaces the
 candidate list of every mm/addmm/bmm node it can serve with extern-kernel choices calling
-``launcher.quack_mm_out`` with one config each.
+``tuner/kernels/launcher.quack_mm_out`` with one config each.
 
 Modes:
   predicted  one choice per node: the heuristics' top-1 config, or ATen when the model
@@ -14,8 +14,8 @@ Modes:
              lookup plus the kernel compile, which quack caches on disk.
   reduced    the top-k configs plus ATen, benchmarked by Inductor; ``feedback=PATH`` appends
              those timings to a cutetune dataset. The top-k kernels of a graph's GEMMs go to
-             parallel compile workers (``prefetch.py``) from Dynamo's graph, before AOTAutograd
-             (a pre-grad pass, ``early_prefetch.py``), and any it missed when the graph's
+             parallel compile workers (``tuner/kernels/helper.py``) from Dynamo's graph, before AOTAutograd
+             (a pre-grad pass, ``passes.py``), and any it missed when the graph's
              first GEMM node is lowered, so they compile at once instead of one by one in the
              benchmark.
   off        nothing installed (an active cutetune installation is lifted for the block).
@@ -37,12 +37,12 @@ node's pointwise epilogue, but on the GPU it mostly runs longer than cuBLAS
 (data/triton_mm/h200_bf16_retimed_top4.jsonl), and on compute-bound GEMMs much longer
 (data/bench/step_h200_hostbound.json).
 
-Both modes also install a post-grad pass (``fusion_pass.py``) that runs a SwiGLU MLP's
+Both modes also install a post-grad pass (``passes.py``) that runs a SwiGLU MLP's
 ``silu(gate) * (x @ W_up)`` as one quack GEMM with the product in its epilogue
 (``swiglu.py``), where the up projection is not host-bound and the heuristics say so: Inductor
 cannot fuse the pointwise kernel into an extern GEMM, and cuBLAS has no such kernel.
 
-Compile-time decisions come from the heuristics file (``heuristics.py``), not the cost model,
+Compile-time decisions come from the heuristics file (``models/heuristics.py``, its lookups in ``decisions.py``), not the cost model,
 so lowering stays cheap. The installed choices are part of Inductor's FX-graph cache key
 (``uuid()`` on 2.13, the pickled factory on 2.11): mode, top-k, the heuristics' digest and
 a digest of the code that makes the decisions.

@@ -17,9 +17,9 @@ from torch._inductor.select_algorithm import (
 from torch._inductor.utils import use_aten_gemm_kernels
 from torch._inductor.virtualized import V
 
-from ... import __version__
+from ...version import __version__
 from ...space.problem import GemmProblem, ProblemError
-from ..kernels import aot, launcher, problems
+from ..kernels import aot, launcher, problems, quack_gemm
 from ..kernels.helper import is_library, kernel_key
 from ..kernels.problems import config_tuple, graph_problems, problem_from_inputs
 from .cache_key import decision_code_digest
@@ -139,7 +139,7 @@ class CuteTuneChoices(InductorChoices):
         keys = [kernel_key(problem, c) if op == "mm" or problem.batch > 1 else None
                 for c in d.configs]
         if any(_needs_quack(op, problem.arch, key, prefetching) for key in keys):
-            launcher.import_quack_in_background()  # the first launch needs it: import it now
+            quack_gemm.import_quack_in_background()  # the first launch needs it: import it now
         if prefetching:
             self.prefetch_graph(problem.arch)
         choices = []
@@ -190,7 +190,7 @@ class CuteTuneChoices(InductorChoices):
         described += f"{', ' if described else ''}above: " + (
             "ATen" if table[-1][1] is None else table[-1][1].short())
         log.info("cutetune %s %s: dynamic M (%s): %s", self.mode, op, m, described)
-        launcher.import_quack_in_background()
+        quack_gemm.import_quack_in_background()
         extra = {}
         if op == "addmm":
             extra = {"alpha": kernel_inputs.get_scalar("alpha"),

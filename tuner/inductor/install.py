@@ -17,7 +17,7 @@ from ...space.problem import GemmProblem
 
 from ... import settings
 from ...models.heuristics import Heuristics, ModelHeuristics, PackagedHeuristics
-from ..kernels import aot, launcher, problems, swiglu
+from ..kernels import aot, launcher, problems, quack_gemm, swiglu
 from ..kernels.helper import is_library, shared_prefetcher, start_for_this_gpu
 from ..kernels.problems import TORCH_DTYPE_OF
 from . import choices as hook, template_cache
@@ -50,7 +50,7 @@ def await_prefetched(choices: list) -> list:
         keys = [key for _, key in kernels]
         try:
             if not all(is_library(k) for k in keys):
-                launcher.import_quack()
+                quack_gemm.import_quack()
             t0 = time.perf_counter()
             ready = hook._prefetch_for(kernels[0][0]).wait_for(keys, timeout=PREFETCH_WAIT_S)
             log.info("cutetune: waited %.2f s for the compile helper's %d kernels of a node%s",
@@ -76,7 +76,7 @@ def _swap_thread_handler(value):
 
 def early_prefetch_pass(factory: ChoicesFactory, user_pass) -> EarlyPrefetchPass:
     """The pre-grad pass that sends a graph's kernels from Dynamo's graph
-    (``early_prefetch.py``), seconds before its first GEMM node is lowered."""
+    (``passes.py``), seconds before its first GEMM node is lowered."""
     heuristics = _SOURCES[factory.source]
 
     def send(problems: list[GemmProblem]) -> None:
@@ -224,7 +224,7 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
     load while Dynamo traces (``cutetune.enable`` starts them before Inductor's import) and
     sent the kernels from Dynamo's graph (True), not at all (False), or a callable ``arch ->
     object with submit(kernels)``. Both modes keep the Triton template kernels they lead Inductor to
-    compile in cutetune's kernel cache (``tuner/template_cache.py``), and with ``fuse_swiglu``
+    compile in cutetune's kernel cache (``template_cache.py``), and with ``fuse_swiglu``
     run ``silu(g) * mm(x, w)`` as one quack GEMM where ``decide_swiglu`` says (``swiglu.py``).
     """
     mode = settings.parse_mode(mode)

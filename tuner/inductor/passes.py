@@ -3,7 +3,7 @@ runs the user's own pass of that slot first (``ChainedPass``):
 
 - ``EarlyPrefetchPass`` (pre-grad): Reduced mode's kernels sent to the compile helper from Dynamo's graph, before AOTAutograd.
   
-  The prefetcher (``prefetch.py``) gets a graph's top-k kernels when Inductor lowers its first
+  The prefetcher (``tuner/kernels/helper.py``) gets a graph's top-k kernels when Inductor lowers its first
   GEMM node, after AOTAutograd has traced, decomposed and partitioned the graph: seconds into a
   fresh process's first compile, which its benchmark then waits out for the helper's compiles.
   Dynamo's graph already holds the GEMMs (``linear``, ``matmul``, ``mm``, ``bmm`` calls with

@@ -3,7 +3,7 @@
 In reduced mode Inductor benchmarks each GEMM node's top-k quack configs in this process, one
 node after another; each cold config compiles on its first call (1.2-2.7 s apiece). The
 prefetcher hands every kernel a graph will need to GPU-blind compile processes as soon as
-Dynamo has traced it (``early_prefetch.py``), so they compile at once while AOTAutograd traces
+Dynamo has traced it (``tuner/inductor/passes.py``), so they compile at once while AOTAutograd traces
 and Inductor lowers and benchmarks. A plain mm kernel is built as a TVM-FFI library
 (``gemm_library``), which this process's first launch loads without importing quack; any
 other kernel goes to quack's disk cache (a worker compiles
@@ -52,7 +52,7 @@ import warnings
 from ...space.config import KernelConfig
 from ...space.problem import GemmProblem
 
-from . import aot, library as gemm_library, launcher, problems, swiglu
+from . import aot, library as gemm_library, problems, quack_gemm, swiglu
 from .compile import compile_kernel, configure_gpu_blind, kernel_object_path, signature_class
 from .problems import TORCH_DTYPE_OF
 
@@ -312,7 +312,7 @@ class _ForkedHelper:
     def __init__(self, arch: str, workers: int, cache_dir: str | None) -> None:
         jobs_r, jobs_w = os.pipe()
         reports_r, reports_w = os.pipe()
-        launcher.await_background_import()
+        quack_gemm.await_background_import()
         try:
             with warnings.catch_warnings():  # "use of fork() may lead to deadlocks in the
                 # child": it runs only serve(), takes no lock of this process's other threads
@@ -467,9 +467,9 @@ def serve(arch: str, workers: int, jobs: int, reports) -> None:
         import quack.gemm  # noqa: F401
         import quack.gemm_runtime.host  # noqa: F401
 
-        import cutetune.tuner.kernels.epilogues  # noqa: F401
+        from . import epilogues  # noqa: F401
 
-        launcher.import_quack()  # what a plain kernel's library is built through
+        quack_gemm.import_quack()  # what a plain kernel's library is built through
 
     gc.freeze()  # and each kernel's child leaves the imports' objects alone
     report(f"imported gpu_blind={t1 - t0:.2f} quack={time.perf_counter() - t1:.2f}")

@@ -1,26 +1,22 @@
 """Run quack's CuteDSL GEMM with a given KernelConfig for mm, addmm and bmm, falling back to
 ATen for whatever quack cannot take, and expose it to Inductor as extern kernels.
 
-quack's public ``gemm`` chooses its own config (autotuner or heuristic) and takes no C operand,
-so we enter one level down, at ``gemm_interface._gemm_execute``: it takes an explicit config and
-C / bias / alpha / beta, does quack's operand routing (swap_ab, B passed (K, N), batching) and
-returns a dispatch plan which, handed back on the next call with the same metadata, skips quack's
-own key building. We cache that plan per metadata key, as quack's ``gemm`` does for its own calls.
-Where the compile helper has built a plain mm's kernel as a TVM-FFI library (``gemm_library``),
-the call launches from that library instead, and this process never imports quack.
+A call launches through ``quack_gemm`` (one level below quack's public ``gemm``, which picks
+its own config and takes no C operand) or, where the compile helper has built a plain mm's
+kernel as a TVM-FFI library (``library``), from that library, and then this process never
+imports quack. The path of every call (plan per metadata, ATen fallback, first launch) is
+``runtime.call``'s.
 
 The support envelope (dtype, majors, 16-byte TMA strides, addend shape) is a pure function of
-sizes and strides, shared with the compile-time decision in ``inductor.py``; base-pointer
-alignment is only known at run time and is checked on every call.
+sizes and strides (``problems``), shared with the compile-time decision in Inductor;
+base-pointer alignment is only known at run time and is checked on every call.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import threading
-import time
-from functools import lru_cache, partial
+from functools import partial
 
 import torch
 
@@ -28,6 +24,7 @@ from ...space.config import KernelConfig
 from ...space.problem import ProblemError
 
 from . import aot, library as gemm_library, problems, runtime
+from .quack_gemm import MmPlan, launch
 from .problems import as_config
 
 log = logging.getLogger(__name__)
@@ -43,20 +40,6 @@ M_UNBOUNDED = 2 ** 62  # the largest M of a table's last range: every M
 
 
 # ---------------------------------------------------------------- run time
-class _MmPlan(runtime.Plan):
-    """A plain GEMM's plan: beside ``runtime.Plan``, the arch and addend kind (``addend_kind``)
-    and, once launched through quack, its GemmConfig and dispatch plan."""
-
-    __slots__ = ("arch", "addend", "quack_config", "dispatch")
-
-    def __init__(self, config: KernelConfig | None, arch: str | None = None,
-                 addend: str | None = None, library: str | None = None) -> None:
-        super().__init__(config, library)
-        self.arch, self.addend = arch, addend
-        # quack's GemmConfig is made at the first launch through quack: its type imports quack
-        self.quack_config = self.dispatch = None
-
-
 _plans: dict[tuple, runtime.Plan] = {}
 
 
@@ -79,7 +62,7 @@ def _build_plan(a, b, out, config: KernelConfig, c, alpha, beta) -> runtime.Plan
     if addend is None and alpha == 1 and a.dim() == 2 \
             and gemm_library.unsupported_reason(problem, config) is None:
         library = gemm_library.library_key(problem, config)
-    return _MmPlan(config, problem.arch, addend, library)
+    return MmPlan(config, problem.arch, addend, library)
 
 
 def _aten(a, b, out, c, alpha, beta):
@@ -87,98 +70,6 @@ def _aten(a, b, out, c, alpha, beta):
         return torch.addmm(c, a, b, beta=beta, alpha=alpha, out=out)
     (torch.bmm if a.dim() == 3 else torch.mm)(a, b, out=out)
     return out if alpha == 1 else out.mul_(alpha)
-
-
-_QUACK: tuple | None = None  # quack's entry point and constants, once imported
-_QUACK_LOCK = threading.Lock()  # one import at a time: the background one or the first launch's
-
-
-def _quack() -> tuple:
-    """quack's entry point and constants, imported on first use (quack takes seconds to
-    import; nothing else here needs it). A thread that asks while another imports waits for
-    that import instead of running its own; a failed import raises and is tried again on the
-    next call."""
-    global _QUACK
-    if _QUACK is None:
-        with _QUACK_LOCK:
-            if _QUACK is None:
-                t0 = time.perf_counter()
-                from quack.gemm_config import SplitKMode
-                from quack.gemm_interface import _gemm_execute
-                from quack.rounding import RoundingMode
-
-                log.info("cutetune: imported quack in %.2f s", time.perf_counter() - t0)
-                _QUACK = (_gemm_execute, SplitKMode.SERIAL, RoundingMode.RN)
-    return _QUACK
-
-
-def import_quack() -> None:
-    """Import quack now (seconds, once per process) rather than at the first launch."""
-    _quack()
-
-
-@lru_cache(maxsize=None)
-def import_quack_in_background() -> threading.Thread:
-    """Start importing quack in a daemon thread (once per process), for a compile that has
-    just chosen a quack kernel: the import then overlaps the rest of the compile wherever that
-    releases the GIL (Triton compile workers, disk, the GPU) instead of all landing on the
-    first launch. A failed import is logged; the first launch retries it and raises there."""
-
-    def run():
-        try:
-            _quack()
-        except Exception as e:  # noqa: BLE001
-            log.warning("cutetune: background import for quack failed (%s: %s)",
-                        type(e).__name__, e)
-
-    thread = threading.Thread(target=run, name="cutetune-import-quack", daemon=True)
-    thread.start()
-    return thread
-
-
-def await_background_import() -> None:
-    """Let ``import_quack_in_background``'s thread finish, if one was started: a fork while it
-    runs would leave the child waiting forever on quack's module lock, held by a thread the
-    child does not have (``prefetch.py`` forks the compile helper)."""
-    if import_quack_in_background.cache_info().currsize:
-        import_quack_in_background().join()
-
-
-def _launch(plan: _MmPlan, a, b, out, c, alpha, beta) -> None:
-    execute, serial, rn = _quack()
-    cfg = plan.config
-    if plan.quack_config is None:
-        plan.quack_config = cfg.to_quack(plan.arch)
-    bias = C = None
-    if plan.addend == "bias":
-        bias = c if c.dim() == 1 else c.select(0, 0)
-    elif plan.addend == "c":
-        C = c
-    plan.dispatch = execute(
-        a, b, out, C,
-        bias=bias, alpha=float(alpha), beta=float(beta) if C is not None else 1.0,
-        cu_seqlens_m=None, cu_seqlens_k=None, A_idx=None, batch_idx_permute=None,
-        add_to_output=False, dynamic_scheduler=cfg.is_dynamic_persistent,
-        config=plan.quack_config, rounding_mode=rn, sr_seed=0, concat_layout=None,
-        SFA=None, SFB=None, split_k=cfg.split_k, split_k_mode=serial,
-        dispatch_plan=plan.dispatch,
-    )
-
-
-def quack_kernel(config: KernelConfig, arch: str):
-    """``fn(a, b, out)``: the bare quack launch for one config, with no support checks and no
-    ATen fallback. The measurement harness times exactly this; ``quack_mm_out`` runs it once a
-    call is known to be supported."""
-    plan = _MmPlan(config, arch)
-    return lambda a, b, out: _launch(plan, a, b, out, None, 1.0, 1.0)
-
-
-def quack_dispatch_plan(config: KernelConfig, arch: str, a, b, out):
-    """quack's dispatch plan of ``a @ b`` into ``out`` for ``config``, after launching it as
-    ``quack_kernel`` does (``gemm_library`` builds libraries through this very call)."""
-    plan = _MmPlan(config, arch)
-    _launch(plan, a, b, out, None, 1.0, 1.0)
-    return plan.dispatch
 
 
 class _Mm:
@@ -193,7 +84,7 @@ class _Mm:
         return call[0].is_cuda and torch.cuda.is_current_stream_capturing()
 
     @staticmethod
-    def first_launch(plan: _MmPlan, a, b, out, c, alpha, beta) -> None:
+    def first_launch(plan: MmPlan, a, b, out, c, alpha, beta) -> None:
         """From the kernel's library where it has one built and it runs, else through quack
         (a failure there too reaches ``runtime.launch_first``, which retires the call to
         ATen)."""
@@ -201,8 +92,8 @@ class _Mm:
                 plan, lambda: gemm_library.runner(plan.config, plan.library, a.device),
                 (a, b, out, c, alpha, beta), "the kernel"):
             return
-        _launch(plan, a, b, out, c, alpha, beta)
-        plan.run, plan.via = partial(_launch, plan), "quack"
+        launch(plan, a, b, out, c, alpha, beta)
+        plan.run, plan.via = partial(launch, plan), "quack"
 
     @staticmethod
     def describe(plan, call) -> str:

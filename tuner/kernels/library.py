@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from ...space.config import KernelConfig
 from ...space.problem import GemmProblem
 
-from . import aot
+from . import aot, quack_gemm
 from .compile import kernel_object_path
 from .problems import TORCH_DTYPE_OF
 from ...artifacts import write_atomic
@@ -67,15 +67,13 @@ def _plan_only(clusters: int):
 
 
 def _cpu_plan(problem: GemmProblem, config: KernelConfig, clusters: int):
-    """quack's launch plan of the kernel, through ``launcher``'s own call of quack on
+    """quack's launch plan of the kernel, through ``quack_gemm``'s call of quack (the launcher's own) on
     ``aot.cpu_operands`` of the problem's dtype and majors, in a process made GPU-blind by
     ``compile.configure_gpu_blind``."""
-    from . import launcher
-
     a, b, out = aot.cpu_operands(TORCH_DTYPE_OF[problem.dtype],
                                  (problem.a_major, problem.b_major))
     with _plan_only(clusters):
-        return launcher.quack_dispatch_plan(config, problem.arch, a, b, out)
+        return quack_gemm.quack_dispatch_plan(config, problem.arch, a, b, out)
 
 
 def build_library(problem: GemmProblem, config: KernelConfig) -> float:

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...artifacts import environment
 from ...space.config import KernelConfig
 from ...space.problem import DTYPE_BYTES, GemmProblem
 
@@ -62,39 +62,6 @@ def init_gpu_worker(cache_dir: str | None, device_index: int = 0) -> None:
 
     _STATE["env"] = environment()
     _STATE["buffers"] = None
-
-
-def environment() -> dict:
-    """Versions and device facts stored with every record."""
-    import torch
-
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    try:
-        import cutlass
-
-        dsl = cutlass.__version__
-    except Exception:
-        dsl = "unknown"
-    try:
-        from importlib.metadata import version
-
-        quack_v = version("quack-kernels")
-    except Exception:
-        quack_v = "unknown"
-    driver = "unknown"
-    try:
-        import subprocess
-
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=10).stdout.strip().split("\n")[0]
-    except Exception:
-        pass
-    return {
-        "device_name": props.name, "sm_count": props.multi_processor_count, "driver": driver,
-        "cuda": torch.version.cuda or "", "torch_version": torch.__version__,
-        "cutlass_dsl_version": dsl, "quack_version": quack_v,
-        "l2_bytes": getattr(props, "L2_cache_size", 50 * 2**20), "host": platform.node(),
-    }
 
 
 class ProblemBuffers:
@@ -245,7 +212,7 @@ def measure(task: MeasureTask) -> list[dict]:
     """Worker entry point: one row per config (and one for cuBLAS when asked)."""
     import torch
 
-    from ..kernels.launcher import quack_kernel
+    from ..kernels.quack_gemm import quack_kernel
 
     buf = _buffers(task.problem)
     rows = []
