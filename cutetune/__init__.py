@@ -2,7 +2,7 @@
 
 import os as _os
 
-__version__ = "0.1.0"
+from .version import __version__
 
 # In a source checkout the subpackages are the folders beside this one (space/, models/,
 # tuner/); an install maps them under cutetune.* through pyproject's package-dir. Extending

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Mapping
 
 MODES = ("predicted", "reduced", "off")
+PACKAGE_DATA = Path(__file__).resolve().parent / "data"  # the shipped artifacts (pyproject)
 
 # variable -> (default, meaning); the README's table is written from this
 VARIABLES = {

@@ -31,10 +31,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
-import cutetune
 from .triton_mm import TritonTable
 from ..space.config import KernelConfig
 from ..space.problem import ARCHES, SUPPORTED_DTYPES, GemmProblem, ProblemError
+from .. import settings
 
 FORMAT = "cutetune-heuristics"
 VERSION = 1
@@ -42,7 +42,7 @@ MAJORS = ("kk", "kn", "mk", "mn")  # a_major + b_major
 CONFIG_FIELDS = tuple(f.name for f in fields(KernelConfig))
 # Configs kept per entry: at least the largest top-k the reduced mode may ask for.
 FILE_TOP_K = 8
-DATA_DIR = Path(cutetune.__file__).resolve().parent / "data"  # package data (pyproject)
+DATA_DIR = settings.PACKAGE_DATA
 
 # An entry: (cuBLAS-fallback flag, indices into the file's config table, best first).
 Entry = tuple[bool, tuple[int, ...]]

@@ -3,7 +3,7 @@
 quack compiles a kernel into an object file whose entry point is a TVM-FFI function, and loads
 it through cutlass's JIT linker; so the first quack kernel of a process pays cutlass's import
 (seconds on the H200 host: data/bench/import_probe_h200.json). Here a GPU-blind process (the
-compile helper of ``prefetch.py``) builds the kernel with quack, links its object file into a
+compile helper of ``helper.py``) builds the kernel with quack, links its object file into a
 shared library against cutlass's small runtime library and libtvm_ffi (with the system C
 compiler, which Triton needs as well), and writes down the arguments quack's launch plan
 passes besides the tensors. The model's process then loads the library with
@@ -38,10 +38,10 @@ import zipfile
 from functools import lru_cache
 from pathlib import Path
 
-import cutetune
 
 from .compile import cache_dir
-from ...artifacts import write_atomic
+from ... import settings
+from ...artifacts import package_versions, write_atomic
 
 FORMAT = 1
 # What quack's plan build gets for the number of active clusters in the GPU-blind builder: it
@@ -50,7 +50,7 @@ CLUSTERS_SENTINEL = 1_000_003
 _PACKAGES = ("quack-kernels", "nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-cu12",
              "nvidia-cutlass-dsl-libs-cu13", "apache-tvm-ffi")
 _RUNTIME_DISTS = ("nvidia-cutlass-dsl-libs-cu13", "nvidia-cutlass-dsl-libs-cu12")
-PACKAGE = Path(cutetune.__file__).resolve().parent / "data" / "fused_kernels.zip"
+PACKAGE = settings.PACKAGE_DATA / "fused_kernels.zip"
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +62,7 @@ class AotError(RuntimeError):
 # ---------------------------------------------------------------- keys and paths
 @lru_cache(maxsize=None)
 def _versions() -> tuple:
-    out = []
-    for name in _PACKAGES:
-        try:
-            out.append((name, importlib.metadata.version(name)))
-        except importlib.metadata.PackageNotFoundError:
-            out.append((name, None))
-    return tuple(out)
+    return tuple(package_versions(_PACKAGES).items())
 
 
 @lru_cache(maxsize=None)
