@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..artifacts import package_versions
 from ..space.device import device_for
 
 from .artifact import CostModel
@@ -164,12 +165,5 @@ def _fallback(data: Measurements, device, cv: dict[str, HeldOut], chosen: str, s
 
 
 def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for pkg in ("cutetune", "xgboost", "scikit-learn", "numpy", "quack-kernels"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
+    names = ("cutetune", "xgboost", "scikit-learn", "numpy", "quack-kernels")
+    return {k: v or "not installed" for k, v in package_versions(names).items()}

@@ -17,9 +17,9 @@ import re
 import tempfile
 import time
 from dataclasses import dataclass, replace
-from importlib import metadata
 from typing import Callable
 
+from ...artifacts import package_versions
 from ...space.config import KernelConfig
 from ...space.enumerate import check_arch, compile_keys, enumerate_configs, grid
 from ...space.problem import GemmProblem
@@ -190,13 +190,8 @@ def rule_verdicts(arch: str, results: list[CompileResult]) -> dict[str, dict]:
 
 
 def _versions() -> dict:
-    v = {"python": platform.python_version()}
-    for dist in ("nvidia-cutlass-dsl", "quack-kernels", "torch"):
-        try:
-            v[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            v[dist] = None
-    return v
+    return {"python": platform.python_version(),
+            **package_versions(("nvidia-cutlass-dsl", "quack-kernels", "torch"))}
 
 
 def run_check(arch: str, *, sample: int | None, seed: int = 0, workers: int = 2,
