@@ -7,7 +7,7 @@ Inductor cannot fuse into an extern GEMM (cuBLAS or quack). Fused, the up projec
 epilogue reads the gate product while it writes its own result, and neither the up product
 nor the pointwise kernel exists. ``pointwise_share`` prices what that saves at the device's
 ceilings; ``fusion_config`` decides where to fuse; the Inductor pass that rewrites graphs
-is ``fusion_pass.py``.
+is ``tuner/inductor/passes.py``.
 
 The custom op ``cutetune::mm_silu_mul`` (``cutetune::mm_silu_mul_by_m`` for a dynamic M) is
 what a rewritten graph holds; Inductor lowers it as an extern kernel (``install_lowerings``),

@@ -5,7 +5,7 @@ run with the same study name resumes: every strategy reads what was already meas
 the trials' attributes and never measures a config twice. GPU measurements are also appended
 to a cutetune dataset, so the cost model can be retrained on what tuning found.
 
-``tune_study`` is the loop, shared with the replay benchmark (tuner/replay.py): ask the
+``tune_study`` is the loop, shared with the replay benchmark (``replay.py``): ask the
 sampler for a trial, decode it to a valid config, measure it (or reuse a measured one),
 tell the result, until a budget is spent or the strategy stops.
 """
