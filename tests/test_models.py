@@ -8,13 +8,16 @@ its metric floors say nothing about real GPUs.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from cutetune.artifacts import sealed_json
 from cutetune.cli import main
 from cutetune.models.dataset import append
 from cutetune.models import CostModel, ModelError, load_model, shipped_model_path
@@ -23,7 +26,7 @@ from cutetune.models.predict import predict
 from cutetune.models.evaluate import (group_kfold, leave_family_out, relevance, score_problems,
     summarize)
 from cutetune.models.fallback import CublasFallback
-from cutetune.models.features import dataset_features
+from cutetune.models.features import dataset_features, problem_descriptors
 from cutetune.models.baselines import nvmmh_picks, quack_sm90_list
 from cutetune.models.learners import BoosterModel
 from cutetune.models.train import TrainOptions, train
@@ -154,7 +157,9 @@ def _write(tmp_path, name, d):
 ])
 def test_bad_artifacts_raise_clear_errors(trained, tmp_path, mutate, message):
     d = json.loads(trained[1].read_text())
-    f = _write(tmp_path, "bad.json", mutate(d))
+    bad = mutate(d)
+    f = tmp_path / "bad.json"  # sealed: the checks after the checksum's are tested too
+    f.write_bytes(bad.encode() if isinstance(bad, str) else sealed_json(bad))
     with pytest.raises(ModelError, match=message) as e:
         load_model(f)
     assert str(f) in str(e.value)
@@ -165,6 +170,59 @@ def test_missing_model_errors(tmp_path):
         load_model(tmp_path / "nope.json")
     with pytest.raises(ModelError, match="cutetune train"):
         load_model(None, arch="sm100", dtype="fp16")
+
+
+def tiny_model(trained) -> CostModel:
+    """A few-tree ranker, timer and fallback: a model file of a few KB with all three kinds
+    of booster, for tests that go through every byte of one."""
+    data = load_measurements(trained[0])
+    X = dataset_features(data, device_for(data.device_name))
+    fit = lambda obj: BoosterModel(obj, n_estimators=2, max_depth=2).fit(  # noqa: E731
+        X, data.time_ms, data.group)
+    width = problem_descriptors(data.problems[:1], device_for("sm90")).shape[1] + 1
+    fallback = CublasFallback(n_estimators=2, max_depth=2).fit(
+        np.random.default_rng(0).normal(size=(20, width)).astype(np.float32),
+        np.linspace(-1, 1, 20))
+    return CostModel("sm90", "bf16", device_for("sm90"), fit("rank:pairwise"), fit("regression"),
+                     fallback)
+
+
+def test_every_byte_of_a_model_file_is_checked(trained, tmp_path):
+    """A byte changed anywhere in a model file (a stride across all of it: header, the three
+    boosters' base64, metadata, the checksum itself) is refused with a ModelError naming the
+    file, before XGBoost sees a booster (its loader can crash the process on a changed
+    byte): the checksum covers every byte, so none loads with changed predictions."""
+    path = tiny_model(trained).save(tmp_path / "m.json")
+    raw = path.read_bytes()
+    p = GemmProblem(512, 2048, 1024)
+    expected = load_model(path).scored(p, top_k=5)
+    refused = 0
+    positions = range(0, len(raw), max(1, len(raw) // 300))
+    for pos in positions:
+        bad = bytearray(raw)
+        bad[pos] ^= (0x01, 0x20, 0x80)[pos % 3]
+        path.write_bytes(bytes(bad))
+        try:
+            got = load_model(path).scored(p, top_k=5)
+        except ModelError as e:
+            assert str(path) in str(e)
+            refused += 1
+        else:
+            assert got == expected, f"byte {pos} changed the predictions"
+    assert refused == len(positions) >= 300
+    path.write_bytes(raw)
+    assert load_model(path).scored(p, top_k=5) == expected
+
+
+def test_old_format_and_directory_model_errors(trained, tmp_path):
+    d = {k: v for k, v in json.loads(trained[1].read_text()).items() if k != "checksum"}
+    old = _write(tmp_path, "v1.json", {**d, "format_version": 1})
+    with pytest.raises(ModelError, match="format version 1; this cutetune reads version 2 "
+                                         r"\(retrain it with `cutetune train`\)"):
+        load_model(old)
+    assert main(["predict", "--m", "64", "--n", "64", "--k", "64", "--model", str(tmp_path)]) == 2
+    with pytest.raises(ModelError, match=f"cost model {tmp_path} is a directory; give the file"):
+        load_model(tmp_path)
 
 
 def test_predict_cli_and_function(trained, tmp_path, capsys):
