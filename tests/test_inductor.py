@@ -852,6 +852,48 @@ def test_enable_installs_and_restores():
     assert V.choices is prev_handler
 
 
+def _installed() -> tuple:
+    """Everything an installation replaces, as a comparable tuple."""
+    cache = sa.get_algorithm_selector_cache()
+    return (inductor_config.inductor_choices_class, inductor_config.post_grad_custom_post_pass,
+            inductor_config.pre_grad_custom_pass, os.environ.get(template_cache.ENV),
+            ich._prefetch_for, list(cache.preprocessing_fns), list(cache.feedback_saver_fns))
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+def test_installations_disabled_in_any_order_restore_everything(tmp_path, order):
+    """Three overlapping installations, disabled in every order (creation order included):
+    while some are active the last one decides, and at the end all is as before."""
+    before, handler = _installed(), V.choices
+    insts = [iin.enable("predicted", model=FakeHeuristics()),
+             iin.enable("reduced", top_k=3, model=FakeHeuristics(), prefetch=lambda arch: None,
+                        feedback=tmp_path / "fb"),
+             iin.enable("off")]
+    for i in order:
+        insts[i].disable()
+        active = [x for x in insts if x.active]
+        if active and active[-1].factory is not None:
+            assert inductor_config.inductor_choices_class is active[-1].factory
+            assert V.choices.mode == active[-1].factory.mode
+        elif active:
+            assert inductor_config.inductor_choices_class is None
+    assert _installed() == before and V.choices is handler
+
+
+def test_mode_names_follow_one_rule():
+    """CUTETUNE_MODE and enable(mode=...) read mode names alike: any case, spaces ignored."""
+    import cutetune
+
+    assert settings.parse_mode(" Predicted ") == "predicted"
+    assert settings.compile_settings({"CUTETUNE_MODE": "Predicted"}).mode == "predicted"
+    with iin.enable("Predicted", model=FakeHeuristics()) as inst:
+        assert inst.factory.mode == "predicted"
+    with cutetune.enable("REDUCED", top_k=2, model=FakeHeuristics(), prefetch=False) as inst:
+        assert inst.factory.mode == "reduced"
+    with pytest.raises(ValueError, match="unknown cutetune mode 'Fast'"):
+        iin.enable("Fast")
+
+
 def test_feedback_saver_added_and_removed(tmp_path):
     savers = sa.get_algorithm_selector_cache().feedback_saver_fns
     n = len(savers)
