@@ -255,6 +255,141 @@ def test_predict_cli_and_function(trained, tmp_path, capsys):
     assert "sm90_tile_m" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("configs, words", [
+    ([{"tile_m": 128, "pingpong": "false"}], ["config #0", "pingpong must be true or false"]),
+    ([{"tile_m": 128}, {"tile_m": 128.9}], ["config #1", "tile_m must be an integer, got 128.9"]),
+    ([{"tile_m": 128, "cluster_k": 2}], ["config #0", "cluster_k=2", "does not tune cluster_k"]),
+    ([{"tile_m": 128, "num_warps": 4}], ["num_warps=4"]),
+    ([{"tile_m": 64, "tile_k": 64}], ["tile_k=64"]),
+    ([{"tile_m": 128, "device_capacity": 10}], ["device_capacity=10 is not sm90's (9)"]),
+    ([{"tile_n": 128}, {"tile_m": 64}, {"tile_n": 128, "cluster_k": 1}],
+     ["config #2 repeats config #0 (128x128pp_c2x1_sw8)"]),
+])
+def test_predict_reads_configs_strictly(trained, tmp_path, capsys, configs, words):
+    """A config read loosely would be another kernel ranked without a word: refused, naming
+    the file and the entry."""
+    f = _write(tmp_path, "c.json", configs)
+    assert main(["predict", "--m", "64", "--n", "4096", "--k", "4096", "--configs", str(f),
+                 "--model", str(trained[1])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"cutetune predict: error: {f}: ")
+    for w in words:
+        assert w in err
+
+
+@pytest.mark.parametrize("m", [10**12, 10**30])
+def test_predict_refuses_sizes_no_device_holds(trained, capsys, m):
+    assert main(["predict", "--m", str(m), "--n", "4096", "--k", "4096",
+                 "--model", str(trained[1])]) == 2
+    err = capsys.readouterr().err
+    assert "more than any sm90 device holds (H200: 141 GiB)" in err and len(err.splitlines()) == 1
+
+
+def test_predict_shows_the_order_it_ranks_by(trained, tmp_path, capsys):
+    """With a ranking objective the rank follows the ranker's score, shown beside the time
+    model's ms (a second model, not monotone in the rank): the header says which is which."""
+    path = tiny_model(trained).save(tmp_path / "m.json")
+    argv = ["predict", "--m", "512", "--n", "2048", "--k", "1024", "--top-k", "8",
+            "--model", str(path)]
+    assert main(argv + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    scores = [r["score"] for r in out["ranked"]]
+    assert out["ordered_by"] == "rank:pairwise" and scores == sorted(scores)
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("ranked by the rank:pairwise model's score (lower is better)")
+    assert lines[2].split() == ["rank", "config", "score", "est.", "ms", "TFLOP/s"]
+    shown = [float(line.split()[2]) for line in lines[3:11]]
+    assert shown == sorted(shown)
+
+
+TINY_TRAIN = ["--folds", "2", "--trees", "3", "--depth", "2", "--objectives", "regression",
+              "--no-baselines", "--no-family-out"]
+
+
+@pytest.mark.parametrize("out, report, words", [
+    ("{tmp}", None, ["model file {tmp} is a directory; give a file path"]),
+    ("{tmp}/m.json", "{tmp}/file", ["report folder {tmp}/file is a file; give a folder"]),
+    ("{tmp}/file/m.json", None, ["cannot write model file {tmp}/file/m.json"]),
+])
+def test_train_outputs_are_checked_before_the_work(tmp_path, capsys, out, report, words):
+    """The dataset does not even exist: the output's error comes first, not after training."""
+    (tmp_path / "file").write_text("x")
+    argv = ["train", str(tmp_path / "no-dataset"), "--out", out.format(tmp=tmp_path)]
+    assert main(argv + (["--report", report.format(tmp=tmp_path)] if report else [])) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    for w in words:
+        assert w.format(tmp=tmp_path) in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_train_output_on_a_read_only_filesystem(capsys, read_only_dir):
+    out = f"{read_only_dir}/cutetune-model.json"
+    assert main(["train", "no-dataset", "--out", out]) == 2
+    assert f"cannot write model file {out}: " in capsys.readouterr().err
+
+
+def test_a_full_disk_keeps_what_was_written_and_no_temporary(trained, tmp_path, capsys,
+                                                             monkeypatch):
+    """ENOSPC while the report is written: a clear error, the model file written before it
+    kept, no temporary file left."""
+    import cutetune.artifacts as artifacts
+
+    real_open = open
+
+    def full_disk(path, mode="r", *a, **kw):
+        f = real_open(path, mode, *a, **kw)
+        if "metrics.json" in str(path) and "w" in mode:
+            f.close()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return f
+
+    monkeypatch.setattr(artifacts, "open", full_disk, raising=False)
+    model, report = tmp_path / "m.json", tmp_path / "report"
+    assert main(["train", str(trained[0]), "--out", str(model), "--report", str(report),
+                 *TINY_TRAIN]) == 2
+    err = capsys.readouterr().err
+    assert f"no space left on the device writing report file {report / 'metrics.json'}" in err
+    assert load_model(model).rank(GemmProblem(64, 64, 64), top_k=1)
+    leftovers = [p.name for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+def _bad_dataset(tmp_path, **changes) -> Path:
+    p = GemmProblem(128, 256, 512)
+    rows = [{"device_name": SYNTHETIC_DEVICE, "problem_key": p.key(), **p.to_dict(),
+             "backend": "quack", "config_key": c.short(), **c.to_dict(), "status": "ok",
+             "time_ms": 1.0 + i} for i, c in enumerate(enumerate_configs("sm90", p)[:4])]
+    rows[2].update(changes)
+    append(tmp_path / "data", rows)
+    return tmp_path / "data"
+
+
+@pytest.mark.parametrize("time_ms, shown", [(float("nan"), "nan"), (-1.0, "-1.0"), (0.0, "0.0")])
+def test_training_data_with_a_bad_time_is_named(tmp_path, capsys, time_ms, shown):
+    data = _bad_dataset(tmp_path, time_ms=time_ms)
+    assert main(["train", str(data), "--out", str(tmp_path / "m.json"), *TINY_TRAIN]) == 2
+    err = capsys.readouterr().err
+    assert "dataset part " + str(data / "part-") in err
+    assert f"column time_ms of ok row 2 is {shown}" in err and len(err.splitlines()) == 1
+
+
+def test_training_data_with_a_wrong_column_type_is_named(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = _bad_dataset(tmp_path)
+    (part,) = data.glob("part-*.parquet")
+    t = pq.read_table(part)
+    t = t.set_column(t.schema.get_field_index("tile_n"), "tile_n",
+                     pa.array([str(v) + "px" for v in t.column("tile_n").to_pylist()]))
+    pq.write_table(t, part)
+    assert main(["train", str(data), "--out", str(tmp_path / "m.json"), *TINY_TRAIN]) == 2
+    err = capsys.readouterr().err
+    assert f"dataset part {part}: column tile_n has type string, not int32" in err
+
+
 def test_rank_whole_space_is_fast(trained):
     model = load_model(trained[1])
     p = GemmProblem(1024, 8192, 4096)
