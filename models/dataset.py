@@ -167,11 +167,13 @@ def _checked(f: Path, t: pa.Table) -> pa.Table:
         time_ms = t.column("time_ms")
         good = pc.fill_null(pc.and_(pc.greater(time_ms, 0.0), pc.is_finite(time_ms)), True)
         bad = pc.and_(ok, pc.invert(good))
-        if pc.any(bad).as_py():
+        n = pc.sum(bad).as_py()
+        if n:
             i = pc.index(bad, True).as_py()
             raise DatasetError(f"dataset part {f}: column time_ms of ok row {i} is "
-                               f"{time_ms[i].as_py()!r} ({pc.sum(bad).as_py()} such rows); an ok "
-                               f"measurement's time is a positive number of ms")
+                               f"{time_ms[i].as_py()!r} ({n} ok row{'s' * (n > 1)} with a NaN, "
+                               f"infinite, zero or negative time); an ok measurement's time is "
+                               f"a positive number of ms")
     return t
 
 
