@@ -9,9 +9,11 @@ import hashlib
 import json
 import os
 import platform
+import re
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from .errors import ArtifactError, OutputError
 
@@ -27,35 +29,50 @@ def _output_error(path: Path, e: OSError, what: str) -> OutputError:
     return OutputError(f"cannot write {what} {path}: {e.strerror or e}")
 
 
-def check_writable(path: str | os.PathLike, what: str = "output") -> Path:
-    """Fail now, before any work, if ``path`` cannot be written as a file: a directory, a
-    read-only place, a parent that cannot be made. Leaves nothing behind."""
-    p = Path(path)
-    if p.is_dir():
-        raise OutputError(f"{what} {p} is a directory; give a file path")
+def _probe(folder: Path, what: str, target: Path) -> None:
+    """Make ``folder`` and write and remove an empty file in it."""
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        probe = p.with_name(f".{p.name}.{uuid.uuid4().hex[:8]}.probe")
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".cutetune-probe.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise _output_error(p, e, what) from None
+        raise _output_error(target, e, what) from None
+
+
+def check_writable(path: str | os.PathLike, what: str = "output") -> Path:
+    """Fail now, before any work, if ``path`` cannot be written as a file: a directory, a
+    read-only place, a parent that cannot be made. Leaves nothing behind but the parent."""
+    p = Path(path)
+    if p.is_dir():
+        raise OutputError(f"{what} {p} is a directory; give a file path")
+    _probe(p.parent, what, p)
     if p.exists() and not os.access(p, os.W_OK):
         raise OutputError(f"cannot write {what} {p}: it is read-only")
     return p
 
 
-def write_atomic(path: str | os.PathLike, data: bytes | str, what: str = "file") -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename, so
-    a reader sees the old file or the new one, never a part; the temporary file is removed
-    whatever fails."""
+def check_writable_dir(path: str | os.PathLike, what: str = "output folder") -> Path:
+    """``check_writable`` for a folder that will receive files: not a file, can be made, and
+    can be written in."""
     p = Path(path)
-    raw = data.encode() if isinstance(data, str) else data
+    if p.exists() and not p.is_dir():
+        raise OutputError(f"{what} {p} is a file; give a folder")
+    _probe(p, what, p)
+    return p
+
+
+@contextmanager
+def replacing(path: str | os.PathLike, what: str = "file") -> Iterator[Path]:
+    """The one way cutetune writes a file: yields a temporary path in the same folder for the
+    caller to write, then renames it to ``path``, so a reader sees the old file or the new
+    one, never a part. Whatever fails, the temporary file is removed; an OSError becomes an
+    OutputError naming ``path`` (a full disk says so)."""
+    p = Path(path)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(raw)
+        yield tmp
         os.replace(tmp, p)
     except OSError as e:
         tmp.unlink(missing_ok=True)
@@ -63,7 +80,14 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, what: str = "file")
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return p
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str, what: str = "file") -> Path:
+    """Write ``data`` to ``path`` atomically (``replacing``)."""
+    with replacing(path, what) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+    return Path(path)
 
 
 def package_versions(names: Iterable[str]) -> dict[str, str | None]:
@@ -103,45 +127,60 @@ def environment() -> dict:
 
 
 # ------------------------------------------------------------------ artifacts
-def content_checksum(d: dict) -> str:
-    """sha256 of a JSON artifact's content without its checksum field, in a canonical form:
-    a change anywhere in the file that still parses changes a value, hence this."""
-    body = {k: v for k, v in d.items() if k != CHECKSUM}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"))
-                          .encode()).hexdigest()
+# The checksum of a JSON artifact is the sha256 of the file's own bytes with the checksum's
+# value written as 64 zeros: every byte is covered (a flip anywhere is refused, before any
+# parser of the content, XGBoost's included, sees it), and checking costs a hash, not a
+# re-serialization of the content (the heuristics file is read at compile time).
+_ZEROS = "0" * 64
+_FIELD = re.compile(rb'"' + CHECKSUM.encode() + rb'"\s*:\s*"([0-9a-f]{64})"')
 
 
-def seal(d: dict) -> dict:
-    """``d`` with its checksum field set."""
-    return {**d, CHECKSUM: content_checksum(d)}
+def _field(raw: bytes, value: bytes) -> tuple[int, int] | None:
+    """Where in ``raw`` the checksum field holding ``value`` has its value; None unless there
+    is exactly one such field."""
+    spans = [m.span(1) for m in _FIELD.finditer(raw) if m.group(1) == value]
+    return spans[0] if len(spans) == 1 else None
+
+
+def sealed_json(d: dict, **dumps_kw) -> bytes:
+    """``d`` as JSON (``json.dumps`` keywords) with its checksum field set."""
+    raw = json.dumps({**d, CHECKSUM: _ZEROS}, **dumps_kw).encode()
+    span = _field(raw, _ZEROS.encode())
+    if span is None:  # another checksum field of zeros inside the content
+        raise ArtifactError(f"cannot seal content holding a {CHECKSUM!r} field of 64 zeros")
+    return raw[:span[0]] + hashlib.sha256(raw).hexdigest().encode() + raw[span[1]:]
 
 
 def read_artifact(path: str | os.PathLike, fmt: str, version_field: str, version: int,
-                  what: str, hint: str) -> tuple[dict, bytes]:
+                  what: str, hint: str, error: type[ArtifactError] = ArtifactError
+                  ) -> tuple[dict, bytes]:
     """Read a JSON artifact and check it before anything uses its content: the file is a
     readable file, JSON, of format ``fmt`` at ``version``, and its checksum matches. Errors
-    name the file and say what to do (``hint``). Returns (content, the file's bytes)."""
+    (``error``, FileNotFoundError for a missing file) name the file and say what to do
+    (``hint``). Returns (content, the file's bytes)."""
     p = Path(path)
     if p.is_dir():
-        raise ArtifactError(f"{what} {p} is a directory, not a file ({hint})")
+        raise error(f"{what} {p} is a directory; give the file")
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} {p} does not exist ({hint})") from None
     except OSError as e:
-        raise ArtifactError(f"cannot read {what} {p}: {e.strerror or e}") from None
+        raise error(f"cannot read {what} {p}: {e.strerror or e}") from None
     try:
         d = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ArtifactError(f"corrupt {what} {p}: not JSON ({e}); {hint}") from None
+        raise error(f"corrupt {what} {p}: not readable JSON ({e}); {hint}") from None
     if not isinstance(d, dict) or d.get("format") != fmt:
-        raise ArtifactError(f"{p} is not a {what} (format {fmt!r} expected)")
+        raise error(f"{p} is not a cutetune {what} (format {fmt!r} expected)")
     if d.get(version_field) != version:
-        raise ArtifactError(f"{what} {p} has format version {d.get(version_field)!r}; this "
-                            f"cutetune reads version {version} ({hint})")
-    if CHECKSUM not in d:
-        raise ArtifactError(f"{what} {p} has no checksum (written by an older cutetune; {hint})")
-    if d[CHECKSUM] != content_checksum(d):
-        raise ArtifactError(f"corrupt {what} {p}: its checksum does not match its content "
-                            f"({hint})")
+        raise error(f"{what} {p} has format version {d.get(version_field)!r}; this cutetune "
+                    f"reads version {version} ({hint})")
+    value = d.get(CHECKSUM)
+    if not isinstance(value, str):
+        raise error(f"{what} {p} has no checksum ({hint})")
+    span = _field(raw, value.encode())
+    if span is None or hashlib.sha256(raw[:span[0]] + _ZEROS.encode() + raw[span[1]:]
+                                      ).hexdigest() != value:
+        raise error(f"corrupt {what} {p}: its checksum does not match its bytes ({hint})")
     return d, raw

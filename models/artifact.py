@@ -4,11 +4,15 @@ The file holds the XGBoost boosters (UBJ, base64) next to what is needed to trus
 dtype and device, the feature schema (space.features.FEATURE_NAMES at training time), package
 versions, the sha256 of the training data and the held-out metrics. Loading checks all of it
 against this installation and names the file and the mismatch instead of mis-predicting.
+
+Since format version 2 the file carries a checksum of all its bytes (``cutetune.artifacts``),
+checked before XGBoost sees a booster: XGBoost's loader trusts its input, and a changed
+character inside a booster could crash the process or silently change predictions. Version 1
+files have no checksum: reading one would be that risk, so they are refused (retrain).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from importlib import resources
@@ -16,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..artifacts import read_artifact, sealed_json, write_atomic
+from ..errors import ArtifactError
 from ..space.config import KernelConfig
 from ..space.device import DeviceSpec, device_for
 from ..space.features import FEATURE_NAMES
@@ -27,10 +33,12 @@ from .features import ConfigTable, arch_config_table, problem_descriptors
 from .learners import BoosterModel
 
 FORMAT = "cutetune-cost-model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+WHAT = "cost model"
+RETRAIN = "retrain it with `cutetune train`"
 
 
-class ModelError(ValueError):
+class ModelError(ArtifactError):
     """A model file that cannot be used: missing, corrupt, or made for something else."""
 
 
@@ -85,7 +93,15 @@ class CostModel:
 
     def rank(self, problem: GemmProblem, configs=None, top_k: int | None = None
              ) -> list[tuple[KernelConfig, float]]:
-        """(config, predicted ms), predicted fastest first; all valid configs when None."""
+        """(config, predicted ms), in the ranker's order; all valid configs when None. The ms
+        come from the time model, so with a ranking objective they need not be monotone
+        (``scored`` gives the ranker's own score beside them)."""
+        return [(c, ms) for c, _, ms in self.scored(problem, configs, top_k)]
+
+    def scored(self, problem: GemmProblem, configs=None, top_k: int | None = None
+               ) -> list[tuple[KernelConfig, float, float]]:
+        """(config, ranker score, predicted ms), best first: the order is the ranker's score's
+        (lower is better; the predicted log ms when the ranker is the time model)."""
         self._check(problem)
         table, mask = self._table(problem, configs)
         X = table.features(problem, self.device, mask)
@@ -93,7 +109,8 @@ class CostModel:
         order = np.argsort(score, kind="stable")[:top_k]
         log_ms = score[order] if self.timer is self.ranker else self.timer.predict(X[order])
         rows = order if mask is None else np.flatnonzero(mask)[order]
-        return list(zip(map(table.configs.__getitem__, rows.tolist()), np.exp(log_ms).tolist()))
+        return list(zip(map(table.configs.__getitem__, rows.tolist()), score[order].tolist(),
+                        np.exp(log_ms).tolist()))
 
     def cublas_margin(self, problem: GemmProblem, configs=None) -> float:
         """The fallback's quantile of log(t_top1 / t_cuBLAS), top-1 among ``configs`` (None:
@@ -121,13 +138,8 @@ class CostModel:
         return d
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the model file atomically (a temporary name, then a rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True))
-        os.replace(tmp, path)
-        return path
+        """Write the model file, with its checksum, atomically."""
+        return write_atomic(path, sealed_json(self.to_dict(), indent=1, sort_keys=True), WHAT)
 
 
 def load_model(path: str | os.PathLike | None = None, arch: str = "sm90",
@@ -135,19 +147,12 @@ def load_model(path: str | os.PathLike | None = None, arch: str = "sm90",
     """Load a model file (None: the one shipped for ``arch``/``dtype``), checked against this
     installation; ModelError names the file and what is wrong with it."""
     path = Path(path) if path is not None else shipped_model_path(arch, dtype)
-    if not path.is_file():
+    if not path.exists():
         hint = (" (no model is shipped for this arch/dtype yet: train one with `cutetune train`)"
                 if path == shipped_model_path(arch, dtype) else "")
         raise ModelError(f"cost model file {path} does not exist{hint}")
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelError(f"cost model file {path} is not readable JSON: {e}") from None
-    if not isinstance(d, dict) or d.get("format") != FORMAT:
-        raise ModelError(f"{path} is not a cutetune cost model (format != {FORMAT!r})")
-    if d.get("format_version") != FORMAT_VERSION:
-        raise ModelError(f"cost model {path} has format version {d.get('format_version')}; "
-                         f"this cutetune reads version {FORMAT_VERSION}")
+    d, _ = read_artifact(path, FORMAT, "format_version", FORMAT_VERSION, WHAT, RETRAIN,
+                         ModelError)
     if (d.get("arch"), d.get("dtype")) != (arch, dtype):
         raise ModelError(f"cost model {path} is for {d.get('arch')}/{d.get('dtype')}, "
                          f"not the requested {arch}/{dtype}")
@@ -162,7 +167,7 @@ def load_model(path: str | os.PathLike | None = None, arch: str = "sm90",
         timer = BoosterModel.from_dict(d["timer"]) if "timer" in d else ranker
         fallback = CublasFallback.from_dict(d["fallback"]) if "fallback" in d else None
         device = device_for(d["device"])
-    except Exception as e:  # base64, xgboost and key errors all mean a damaged file
+    except Exception as e:  # noqa: BLE001  (checksummed, yet not what this cutetune writes)
         raise ModelError(f"cost model {path} is damaged: {type(e).__name__}: {e}") from None
     if not timer.predicts_time:
         raise ModelError(f"cost model {path} has no time model (timer objective "

@@ -94,7 +94,8 @@ def from_table(table: pa.Table) -> Measurements:
     if len(devices) != 1:
         raise DatasetError(f"a cost model trains on one device's timings; the dataset has "
                            f"{devices or 'no device name'}")
-    ok = pc.equal(table.column("status"), "ok")
+    # an ok row without a time (null: not measured) has nothing to train on
+    ok = pc.and_(pc.equal(table.column("status"), "ok"), pc.is_valid(table.column("time_ms")))
     quack = table.filter(pc.and_(ok, pc.equal(table.column("backend"), "quack")))
     failed = table.filter(pc.and_(pc.invert(ok), pc.equal(table.column("backend"), "quack")))
     cublas = table.filter(pc.and_(ok, pc.equal(table.column("backend"), "cublas")))

@@ -14,8 +14,11 @@ from dataclasses import fields
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ..artifacts import write_atomic
+from ..errors import ArtifactError
 from ..space.config import KernelConfig
 from ..space.problem import GemmProblem
 
@@ -68,7 +71,7 @@ def problem_of(row) -> GemmProblem:
                           for c in PROBLEM_COLUMNS})
 
 
-class DatasetError(RuntimeError):
+class DatasetError(ArtifactError):
     """A dataset folder or part that cannot be read as a cutetune dataset."""
 
 
@@ -88,10 +91,15 @@ def append(path: str | os.PathLike, rows: list[dict]) -> Path | None:
     full = [{**{f.name: None for f in SCHEMA}, "schema_version": SCHEMA_VERSION, **r} for r in rows]
     table = pa.Table.from_pylist(full, schema=SCHEMA)
     name = f"part-{len(list(folder.glob('part-*.parquet'))):06d}-{uuid.uuid4().hex[:8]}.parquet"
-    tmp = folder / f".{name}.tmp"
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, folder / name)
-    return folder / name
+    return _write_part(folder / name, table, compression="zstd")
+
+
+def _write_part(path: Path, table: pa.Table, **options) -> Path:
+    """Write a part atomically (``cutetune.artifacts.write_atomic``): serialized in memory,
+    so a full disk is an OutputError naming the part, and no temporary file stays."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, **options)
+    return write_atomic(path, sink.getvalue().to_pybytes(), "dataset part")
 
 
 def parts(path: str | os.PathLike) -> list[Path]:
@@ -122,7 +130,7 @@ def load(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
             if versions - {SCHEMA_VERSION}:
                 raise DatasetError(f"dataset part {f} has schema version {sorted(versions)}; "
                                    f"this cutetune reads version {SCHEMA_VERSION}")
-        tables.append(t.cast(pa.schema([SCHEMA.field(n) for n in t.column_names])))
+        tables.append(_checked(f, t))
     table = pa.concat_tables(tables)
     if columns is None or set(KEY_COLUMNS) <= set(columns):
         # A compaction killed between its rename and its deletes leaves rows twice: keep one.
@@ -137,18 +145,48 @@ def load(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
     return table
 
 
+def _checked(f: Path, t: pa.Table) -> pa.Table:
+    """Part ``f``'s table in the schema's types, the time of its ok rows a positive number of
+    ms where given (null: not measured). A column of another type (that does not cast) or a
+    NaN, infinite, negative or zero time is named here, with the file and column, not later
+    deep inside XGBoost or numpy."""
+    columns = []
+    for name in t.column_names:
+        if name not in SCHEMA.names:
+            raise DatasetError(f"dataset part {f} has a column {name!r} that is not in the "
+                               f"schema of version {SCHEMA_VERSION}")
+        want = SCHEMA.field(name).type
+        try:
+            columns.append(t.column(name).cast(want))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            raise DatasetError(f"dataset part {f}: column {name} has type "
+                               f"{t.column(name).type}, not {want}: {e}") from None
+    t = pa.table(columns, schema=pa.schema([SCHEMA.field(n) for n in t.column_names]))
+    if {"status", "time_ms"} <= set(t.column_names):
+        ok = pc.fill_null(pc.equal(t.column("status"), "ok"), False)
+        time_ms = t.column("time_ms")
+        good = pc.fill_null(pc.and_(pc.greater(time_ms, 0.0), pc.is_finite(time_ms)), True)
+        bad = pc.and_(ok, pc.invert(good))
+        n = pc.sum(bad).as_py()
+        if n:
+            i = pc.index(bad, True).as_py()
+            raise DatasetError(f"dataset part {f}: column time_ms of ok row {i} is "
+                               f"{time_ms[i].as_py()!r} ({n} ok row{'s' * (n > 1)} with a NaN, "
+                               f"infinite, zero or negative time); an ok measurement's time is "
+                               f"a positive number of ms")
+    return t
+
+
 def compact(path: str | os.PathLike) -> Path:
     """Rewrite every part of a dataset as one part (fewer files, better compression)."""
     old = parts(path)
     table = load(path)
     folder = Path(path)
     name = f"part-{0:06d}-{uuid.uuid4().hex[:8]}.parquet"
-    tmp = folder / f".{name}.tmp"
-    pq.write_table(table, tmp, compression="zstd", compression_level=9)
-    os.replace(tmp, folder / name)
+    path = _write_part(folder / name, table, compression="zstd", compression_level=9)
     for f in old:
         f.unlink()
-    return folder / name
+    return path
 
 
 def done_keys(path: str | os.PathLike) -> set[tuple]:

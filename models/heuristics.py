@@ -32,12 +32,17 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
 from .triton_mm import TritonTable
+from ..artifacts import read_artifact, sealed_json, write_atomic
+from ..errors import ArtifactError
 from ..space.config import KernelConfig
 from ..space.problem import ARCHES, SUPPORTED_DTYPES, GemmProblem, ProblemError
+from ..space.rules import violations
 from .. import settings
 
 FORMAT = "cutetune-heuristics"
-VERSION = 1
+# 2: a checksum of the file's bytes (``cutetune.artifacts``); version 1 files are refused.
+VERSION = 2
+WHAT = "heuristics file"
 MAJORS = ("kk", "kn", "mk", "mn")  # a_major + b_major
 CONFIG_FIELDS = tuple(f.name for f in fields(KernelConfig))
 # Configs kept per entry: at least the largest top-k the reduced mode may ask for.
@@ -48,7 +53,7 @@ DATA_DIR = settings.PACKAGE_DATA
 Entry = tuple[bool, tuple[int, ...]]
 
 
-class HeuristicsError(ValueError):
+class HeuristicsError(ArtifactError):
     """A heuristics file that cannot be used (corrupt, another format version, another
     arch/dtype), or a problem it does not cover."""
 
@@ -197,28 +202,20 @@ class Heuristics:
         }
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write atomically (temporary name, then rename): Inductor may read it concurrently."""
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        data = json.dumps(self.to_json(), separators=(",", ":")).encode()
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, out)
+        """Write atomically, with its checksum: Inductor may read it concurrently."""
+        data = sealed_json(self.to_json(), separators=(",", ":"))
+        out = write_atomic(path, data, WHAT)
         self.digest = _digest(data)
         return out
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Heuristics":
+        """Read a heuristics file, checked (``read_artifact``: format, version, checksum)
+        before its content is used, then its content checked as ``_from_json`` says."""
         p = Path(path)
-        try:
-            raw = p.read_bytes()
-        except FileNotFoundError:
-            raise FileNotFoundError(f"heuristics file {p} does not exist (write one with "
-                                    f"`cutetune emit --model MODEL --out {p}`)") from None
-        try:
-            d = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise HeuristicsError(f"corrupt heuristics file {p}: {e}") from None
+        d, raw = read_artifact(p, FORMAT, "version", VERSION, WHAT,
+                               f"write one with `cutetune emit --model MODEL --out {p}`",
+                               HeuristicsError)
         try:
             return cls._from_json(d, _digest(raw))
         except HeuristicsError as e:
@@ -228,17 +225,17 @@ class Heuristics:
 
     @classmethod
     def _from_json(cls, d: dict, digest: str) -> "Heuristics":
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise HeuristicsError(f"not a cutetune heuristics file (format {FORMAT!r} expected)")
-        if d.get("version") != VERSION:
-            raise HeuristicsError(f"format version {d.get('version')!r}; this cutetune reads "
-                                  f"version {VERSION} (re-run `cutetune emit`)")
+        """The file's content, checked as well as its checksum: a file sealed by another
+        writer (or hand-edited and re-sealed) must still hold only configs the rules allow on
+        its arch, and entries that fit its table and top-k."""
         if tuple(d["config_fields"]) != CONFIG_FIELDS:
             raise HeuristicsError(f"config fields {d['config_fields']} differ from this "
                                   f"cutetune's {list(CONFIG_FIELDS)} (re-run `cutetune emit`)")
-        arch, dtype = d["arch"], d["dtype"]
+        arch, dtype, top_k = d["arch"], d["dtype"], d["top_k"]
         if arch not in ARCHES or dtype not in SUPPORTED_DTYPES:
             raise HeuristicsError(f"unsupported arch/dtype {arch}/{dtype}")
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+            raise HeuristicsError(f"top_k must be a positive integer, got {top_k!r}")
         g = d["grid"]
         if tuple(g["majors"]) != MAJORS:
             raise HeuristicsError(f"grid majors {g['majors']} differ from {list(MAJORS)}")
@@ -246,14 +243,15 @@ class Heuristics:
         if any(len(c) != len(CONFIG_FIELDS) for c in d["configs"]):
             raise HeuristicsError(f"configs need {len(CONFIG_FIELDS)} values each "
                                   f"({', '.join(CONFIG_FIELDS)})")
-        configs = tuple(KernelConfig(*c) for c in d["configs"])
+        configs = tuple(_config(i, c, arch) for i, c in enumerate(d["configs"]))
         n_cfg = len(configs)
 
         def dec(e) -> Entry | None:
             if e is None:
                 return None
             flag, *idx = e
-            if flag not in (0, 1) or any(not isinstance(i, int) or not 0 <= i < n_cfg for i in idx):
+            if (flag not in (0, 1) or len(idx) > top_k
+                    or any(not isinstance(i, int) or not 0 <= i < n_cfg for i in idx)):
                 raise HeuristicsError(f"bad entry {e!r}")
             return bool(flag), tuple(idx)
 
@@ -266,8 +264,21 @@ class Heuristics:
         if any(v is not None and (not isinstance(v, int) or not 0 <= v < n_cfg)
                for v in swiglu.values()):
             raise HeuristicsError("bad SwiGLU entry: not a config index or null")
-        return cls(arch, dtype, int(d["top_k"]), grid, configs, cells, exact, d.get("meta"),
+        return cls(arch, dtype, top_k, grid, configs, cells, exact, d.get("meta"),
                    digest, triton, swiglu)
+
+
+def _config(i: int, values: list, arch: str) -> KernelConfig:
+    """Entry ``i`` of a file's config table, strictly typed and valid on ``arch``."""
+    try:
+        c = KernelConfig.from_dict(dict(zip(CONFIG_FIELDS, values)), arch)
+    except ValueError as e:
+        raise HeuristicsError(f"config #{i} {values}: {e}") from None
+    bad = violations(c, arch)
+    if bad:
+        raise HeuristicsError(f"config #{i} ({c.short()}) is not a valid {arch} config: it "
+                              f"breaks {', '.join(r.name for r in bad)}")
+    return c
 
 
 def _digest(data: bytes) -> str:

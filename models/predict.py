@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..errors import UserError
 from ..space.config import KernelConfig
 from ..space.problem import GemmProblem
 
@@ -20,18 +21,23 @@ def predict(problem: GemmProblem, top_k: int | None = 10, configs=None,
     return model.rank(problem, configs, top_k)
 
 
-def read_configs(path: str | Path) -> list[KernelConfig]:
-    """A JSON list of config objects with quack's GemmConfig field names."""
+def read_configs(path: str | Path, arch: str | None = None) -> list[KernelConfig]:
+    """A JSON list of config objects with quack's GemmConfig field names, read strictly
+    (``KernelConfig.from_dict``; ``arch`` checks device_capacity); a config given twice is an
+    error, since it would be ranked twice. UserError names the file and the entry."""
     try:
         items = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read configs from {path}: {e}") from None
+        raise UserError(f"cannot read configs from {path}: {e}") from None
     if not isinstance(items, list) or not all(isinstance(x, dict) for x in items):
-        raise ValueError(f"{path} must hold a JSON list of config objects")
-    out = []
+        raise UserError(f"{path} must hold a JSON list of config objects")
+    first: dict[KernelConfig, int] = {}
     for i, item in enumerate(items):
         try:
-            out.append(KernelConfig.from_dict(item))
+            c = KernelConfig.from_dict(item, arch)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}: config #{i}: {e}") from None
-    return out
+            raise UserError(f"{path}: config #{i}: {e}") from None
+        if c in first:
+            raise UserError(f"{path}: config #{i} repeats config #{first[c]} ({c.short()})")
+        first[c] = i
+    return list(first)

@@ -6,12 +6,14 @@ Plots need matplotlib; without it the report says so and keeps the tables.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
 
 import numpy as np
 
+from ..artifacts import write_atomic
 from .evaluate import M_BUCKETS, NDCG_K, bucket_name
 from .fallback import REGRESSION
 from .train import RANKER_MARGIN, Evaluation
@@ -128,6 +130,12 @@ def markdown(ev: Evaluation, metadata: dict, plots: list[str], note: str) -> str
     return "\n".join(out)
 
 
+def _save(fig, path: Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    write_atomic(path, buf.getvalue(), "report plot")
+
+
 def _plots(ev: Evaluation, folder: Path) -> list[str]:
     import matplotlib
 
@@ -144,7 +152,7 @@ def _plots(ev: Evaluation, folder: Path) -> list[str]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(folder / "top1_cdf.png", dpi=110)
+    _save(fig, folder / "top1_cdf.png")
     plt.close(fig)
 
     buckets = [b for b in (bucket_name(lo, hi) for lo, hi in M_BUCKETS)
@@ -160,7 +168,7 @@ def _plots(ev: Evaluation, folder: Path) -> list[str]:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.08))
     fig.tight_layout()
-    fig.savefig(folder / "m_buckets.png", dpi=110)
+    _save(fig, folder / "m_buckets.png")
     plt.close(fig)
     return ["top1_cdf.png", "m_buckets.png"]
 
@@ -196,8 +204,6 @@ def write_report(ev: Evaluation, folder: Path, metadata: dict) -> Path:
         plots, note = _plots(ev, folder), ""
     except ImportError:
         plots, note = [], "(matplotlib is not installed: no plots)"
-    (folder / "metrics.json").write_text(json.dumps(_json_safe(metrics_json(ev, metadata)),
-                                                    indent=1, sort_keys=True, allow_nan=False))
-    path = folder / "report.md"
-    path.write_text(markdown(ev, metadata, plots, note))
-    return path
+    write_atomic(folder / "metrics.json", json.dumps(_json_safe(metrics_json(ev, metadata)),
+                 indent=1, sort_keys=True, allow_nan=False), "report file")
+    return write_atomic(folder / "report.md", markdown(ev, metadata, plots, note), "report file")

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
+from numbers import Integral
+
+import numpy as np
 
 ARCH_CAPACITY = {"sm90": 9, "sm100": 10}
+# quack GemmConfig fields cutetune does not tune, and the value every kernel it runs has
+# (``to_quack`` leaves them at quack's defaults).
+QUACK_FIXED = {"tile_k": None, "num_warps": None, "cluster_k": 1, "use_tma_gather": False}
+
+
+def _is_int(v) -> bool:
+    return type(v) is int or isinstance(v, Integral) and not isinstance(v, (bool, np.bool_))
 
 
 @dataclass(frozen=True, order=True)
@@ -32,20 +43,43 @@ class KernelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "KernelConfig":
-        """Build from a mapping with quack's field names; missing fields take quack's defaults,
-        unknown fields are an error (a typo must not silently become a default)."""
-        names = {f.name for f in fields(cls)}
-        unknown = set(d) - names - {"device_capacity", "tile_k", "num_warps", "cluster_k",
-                                     "use_tma_gather"}
+    def from_dict(cls, d: dict, arch: str | None = None) -> "KernelConfig":
+        """Build from a mapping with quack's field names; missing fields take quack's defaults.
+        Strict, since a config read loosely is a different kernel ranked or run without a
+        word: integers must be integers (not 128.9, not "128"), flags true/false (or 0/1),
+        unknown fields are an error (a typo must not become a default), and quack's fields
+        that cutetune does not tune must hold the value cutetune runs (QUACK_FIXED); given
+        ``arch``, device_capacity must be that arch's."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a config is an object of fields, got {type(d).__name__}")
+        unknown = set(d) - _IS_FLAG.keys() - QUACK_FIXED.keys() - {"device_capacity"}
         if unknown:
             raise ValueError(f"unknown config field(s): {', '.join(sorted(unknown))}; "
-                             f"expected a subset of {', '.join(sorted(names))}")
+                             f"expected a subset of {', '.join(sorted(_IS_FLAG))}")
+        for name, runs in QUACK_FIXED.items():
+            if name in d and (d[name] != runs or type(d[name]) is not type(runs)):
+                raise ValueError(f"{name}={d[name]!r}: cutetune does not tune {name} (its kernels "
+                                 f"run quack's default, {runs!r}); leave it out")
+        if "device_capacity" in d:
+            cap = d["device_capacity"]
+            ok = ARCH_CAPACITY.values() if arch is None else (ARCH_CAPACITY[arch],)
+            if not _is_int(cap) or cap not in ok:
+                raise ValueError(f"device_capacity={cap!r} is not "
+                                 + (f"{arch}'s ({ARCH_CAPACITY[arch]})" if arch else
+                                    f"one of {sorted(ARCH_CAPACITY.values())}"))
         kw = {}
-        for f in fields(cls):
-            if f.name in d:
-                v = d[f.name]
-                kw[f.name] = bool(v) if f.type in ("bool", bool) else int(v)
+        for name, flag in _IS_FLAG.items():
+            if name not in d:
+                continue
+            v = d[name]
+            if flag:
+                if not (isinstance(v, (bool, np.bool_)) or _is_int(v) and v in (0, 1)):
+                    raise ValueError(f"{name} must be true or false, got {v!r}")
+                kw[name] = bool(v)
+            else:
+                if not _is_int(v):
+                    raise ValueError(f"{name} must be an integer, got {v!r}")
+                kw[name] = int(v)
         return cls(**kw)
 
     def to_quack(self, arch: str):
@@ -76,6 +110,9 @@ class KernelConfig:
         if self.is_dynamic_persistent:
             s += "_dyn"
         return s
+
+
+_IS_FLAG = {f.name: f.type in ("bool", bool) for f in fields(KernelConfig)}
 
 
 def quack_default_config(arch: str) -> KernelConfig:

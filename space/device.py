@@ -24,6 +24,7 @@ class DeviceSpec:
     # dict is unhashable, and name already identifies the spec.
     peak_tflops: dict[str, float] = field(hash=False)
     mem_bw_tbps: float
+    memory_gib: int  # datasheet capacity, read as GiB: at least what a tensor can take
     max_cluster_size: int = 8  # portable cluster size (16 needs a non-portable opt-in)
 
     def peak_flops(self, dtype: str) -> float:
@@ -41,13 +42,13 @@ class DeviceSpec:
 
 H100_SXM = DeviceSpec(
     name="H100_SXM", arch="sm90", sm_count=132, smem_per_sm_bytes=228 * KIB, l2_bytes=50 * MIB,
-    peak_tflops={"bf16": 989.0, "fp16": 989.0}, mem_bw_tbps=3.35,
+    peak_tflops={"bf16": 989.0, "fp16": 989.0}, mem_bw_tbps=3.35, memory_gib=80,
 )
 """H100 SXM5 80 GB, datasheet rates (torch names it 'NVIDIA H100 80GB HBM3')."""
 
 H200 = DeviceSpec(
     name="H200", arch="sm90", sm_count=132, smem_per_sm_bytes=228 * KIB, l2_bytes=60 * MIB,
-    peak_tflops={"bf16": 790.0, "fp16": 790.0}, mem_bw_tbps=4.3,
+    peak_tflops={"bf16": 790.0, "fp16": 790.0}, mem_bw_tbps=4.3, memory_gib=141,
 )
 """H200 SXM 141 GB. The rates are MEASURED ceilings from the project's H200 machine notes
 (/work/.library/device/KINDS.md, 2026-10-28 and 2026-11-04): an 8192^3 bf16 torch.matmul on
@@ -57,9 +58,10 @@ result file in this repo holds these runs yet). L2 is 60 MB as torch reported it
 
 B200 = DeviceSpec(
     name="B200", arch="sm100", sm_count=148, smem_per_sm_bytes=228 * KIB, l2_bytes=126 * MIB,
-    peak_tflops={"bf16": 2250.0, "fp16": 2250.0}, mem_bw_tbps=8.0,
+    peak_tflops={"bf16": 2250.0, "fp16": 2250.0}, mem_bw_tbps=8.0, memory_gib=180,
 )
-"""B200, datasheet rates (dense bf16 ~2.25 PFLOP/s, HBM3e 8 TB/s); not measured here."""
+"""B200, datasheet rates (dense bf16 ~2.25 PFLOP/s, HBM3e 8 TB/s, 180 GB as in HGX B200);
+not measured here."""
 
 DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (H100_SXM, H200, B200)}
 
@@ -81,3 +83,8 @@ def device_for(name_or_arch: str) -> DeviceSpec:
     if spec is None:
         raise ValueError(f"unknown device {name_or_arch!r}; known: {', '.join(SPELLINGS)}")
     return spec
+
+
+def largest_memory(arch: str) -> DeviceSpec:
+    """The listed ``arch`` device with the most memory: what bounds a problem's operands."""
+    return max((d for d in DEVICES.values() if d.arch == arch), key=lambda d: d.memory_gib)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .device import largest_memory
+
 ARCHES = ("sm90", "sm100")
 # Element width in bytes of each dtype we accept by name.
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8_e4m3": 1, "fp32": 4}
@@ -88,6 +90,13 @@ def validate_problem(p: GemmProblem) -> None:
             )
         if d not in SUPPORTED_DTYPES:
             raise ProblemError(f"unsupported {name} {d!r}; supported: {', '.join(SUPPORTED_DTYPES)}")
+    # Operands no listed device can hold are a typo, not a problem: refused before a cost
+    # model extrapolates a time for them (or numpy overflows on their sizes).
+    device = largest_memory(p.arch)
+    if p.min_bytes > device.memory_gib * 2**30:
+        raise ProblemError(f"A, B and D of {p.batch} x ({p.m} x {p.k}) @ ({p.k} x {p.n}) take "
+                           f"{p.min_bytes / 2**30:.3g} GiB, more than any {p.arch} device holds "
+                           f"({device.name}: {device.memory_gib} GiB); check the sizes")
     if p.a_major not in ("k", "m"):
         raise ProblemError(f"a_major must be 'k' or 'm', got {p.a_major!r}")
     if p.b_major not in ("k", "n"):

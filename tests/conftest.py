@@ -39,3 +39,16 @@ def run_script(tmp_path_factory):
         return json.loads(res.stdout.strip().splitlines()[-1])
 
     return run
+
+
+@pytest.fixture
+def read_only_dir() -> str:
+    """A folder no one can write in, root included (/sys/kernel on Linux); skips elsewhere."""
+    folder = "/sys/kernel"
+    probe = os.path.join(folder, f".cutetune-probe-{os.getpid()}")
+    try:
+        open(probe, "w").close()
+    except OSError:
+        return folder
+    os.unlink(probe)
+    pytest.skip(f"{folder} is writable here")

@@ -92,6 +92,8 @@ def test_count_text_one_arch(capsys):
     (["space", "check", "--workers", "0"], ["--workers must be >= 1"]),
     (["space", "check", "--rejected", "-1"], ["--rejected"]),
     (["space", "check", "--out", "/nonexistent/dir/x.json"], ["/nonexistent/dir"]),
+    # outputs are checked before the compiles, not after them
+    (["space", "check", "--out", "/"], ["--out report / is a directory; give a file path"]),
 ])
 def test_user_errors_exit_2_with_one_line(capsys, argv, words):
     rc, out, err = run(capsys, *argv)
@@ -100,6 +102,14 @@ def test_user_errors_exit_2_with_one_line(capsys, argv, words):
     assert len(lines) == 1 and lines[0].startswith("cutetune space: error: "), err
     for w in words:
         assert w in lines[0]
+
+
+def test_check_out_on_a_read_only_filesystem(capsys, read_only_dir):
+    out_file = f"{read_only_dir}/cutetune-report.json"
+    rc, out, err = run(capsys, "space", "check", "--out", out_file)
+    assert rc == 2 and out == ""
+    assert err.startswith(f"cutetune space: error: cannot write --out report {out_file}: ")
+    assert len(err.splitlines()) == 1
 
 
 def test_help_texts(capsys):

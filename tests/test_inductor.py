@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
+import itertools
 import math
 import os
 import pickle
+import re
 import statistics
 import textwrap
 import time
@@ -33,6 +35,9 @@ from cutetune.tuner.kernels import aot, launcher, helper as prefetch, quack_gemm
 from cutetune.tuner.measure.executor import signature_class
 from cutetune.tuner.inductor.passes import SwigluFusionPass
 from cutetune.models.heuristics import Grid, Heuristics, HeuristicsError
+from cutetune import settings
+from cutetune.artifacts import sealed_json
+from cutetune.tuner.inductor import template_cache
 
 BF16, FP16 = torch.bfloat16, torch.float16
 A = KernelConfig(128, 192, True, 2, 1, False, 8, 1, False)
@@ -121,10 +126,63 @@ def test_bad_files_give_clear_errors(tmp_path, edit, match):
     d = hz.build(FakeModel(), "sm90", "bf16", grid=SMALL).to_json()
     bad = edit(d)
     path = tmp_path / "bad.json"
-    path.write_text(bad if isinstance(bad, str) else json.dumps(bad))
+    path.write_bytes(bad.encode() if isinstance(bad, str) else sealed_json(bad))
     with pytest.raises(HeuristicsError, match=match) as e:
         Heuristics.load(path)
     assert str(path) in str(e.value)
+
+
+def _edit_config(i, value):
+    def edit(d):
+        d["configs"][0][i] = value
+        return d
+    return edit
+
+
+@pytest.mark.parametrize("edit, match", [
+    (_edit_config(slice(0, 2), [7, 13]), r"config #0 \(7x13.*breaks sm90_tile_m, sm90_tile_n"),
+    (_edit_config(slice(3, 5), [3, 5]), r"config #0 \(.*_c3x5.*breaks cluster_shape"),
+    (_edit_config(2, "yes"), "config #0 .*pingpong must be true or false, got 'yes'"),
+    (_edit_config(0, 128.5), "config #0 .*tile_m must be an integer, got 128.5"),
+    (lambda d: {**d, "top_k": -5}, "top_k must be a positive integer, got -5"),
+    (lambda d: {**d, "arch": "sm100"},
+     r"config #\d+ .* not a valid sm100 config.*sm100_no_pingpong"),
+])
+def test_sealed_files_with_invalid_configs_are_refused(tmp_path, edit, match):
+    """A file with a matching checksum (re-sealed after an edit, or written by another tool)
+    still serves only configs the rules allow on its arch: the entry is named."""
+    d = edit(hz.build(FakeModel(), "sm90", "bf16", grid=SMALL).to_json())
+    path = tmp_path / "bad.json"
+    path.write_bytes(sealed_json(d))
+    with pytest.raises(HeuristicsError, match=match) as e:
+        Heuristics.load(path)
+    assert str(path) in str(e.value)
+
+
+def test_every_byte_of_a_heuristics_file_is_checked(tmp_path):
+    """A byte changed anywhere (a stride across the whole file) is refused, naming the file:
+    the checksum covers every byte, so no change is served silently."""
+    path = hz.build(FakeModel(), "sm90", "bf16", grid=SMALL, problems=[P(3000, 64, 64)]
+                    ).save(tmp_path / "h.json")
+    raw = path.read_bytes()
+    for pos in range(0, len(raw), max(1, len(raw) // 300)):
+        bad = bytearray(raw)
+        bad[pos] ^= (0x01, 0x20, 0x80)[pos % 3]
+        path.write_bytes(bytes(bad))
+        with pytest.raises(HeuristicsError, match=re.escape(str(path))):
+            Heuristics.load(path)
+    path.write_bytes(raw)
+    assert Heuristics.load(path).lookup(P(3000, 64, 64))
+
+
+def test_a_version_1_file_or_a_directory_gets_a_clear_error(tmp_path):
+    d = {**hz.build(FakeModel(), "sm90", "bf16", grid=SMALL).to_json(), "version": 1}
+    (tmp_path / "v1.json").write_text(json.dumps(d))
+    with pytest.raises(HeuristicsError, match="format version 1; this cutetune reads version "
+                                              "2 .*cutetune emit"):
+        Heuristics.load(tmp_path / "v1.json")
+    with pytest.raises(HeuristicsError, match=f"{tmp_path} is a directory; give the file"):
+        Heuristics.load(tmp_path)
 
 
 def test_missing_file_says_how_to_make_one(tmp_path):
@@ -792,6 +850,48 @@ def test_enable_installs_and_restores():
     inst.disable()
     inst.disable()
     assert V.choices is prev_handler
+
+
+def _installed() -> tuple:
+    """Everything an installation replaces, as a comparable tuple."""
+    cache = sa.get_algorithm_selector_cache()
+    return (inductor_config.inductor_choices_class, inductor_config.post_grad_custom_post_pass,
+            inductor_config.pre_grad_custom_pass, os.environ.get(template_cache.ENV),
+            ich._prefetch_for, list(cache.preprocessing_fns), list(cache.feedback_saver_fns))
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+def test_installations_disabled_in_any_order_restore_everything(tmp_path, order):
+    """Three overlapping installations, disabled in every order (creation order included):
+    while some are active the last one decides, and at the end all is as before."""
+    before, handler = _installed(), V.choices
+    insts = [iin.enable("predicted", model=FakeHeuristics()),
+             iin.enable("reduced", top_k=3, model=FakeHeuristics(), prefetch=lambda arch: None,
+                        feedback=tmp_path / "fb"),
+             iin.enable("off")]
+    for i in order:
+        insts[i].disable()
+        active = [x for x in insts if x.active]
+        if active and active[-1].factory is not None:
+            assert inductor_config.inductor_choices_class is active[-1].factory
+            assert V.choices.mode == active[-1].factory.mode
+        elif active:
+            assert inductor_config.inductor_choices_class is None
+    assert _installed() == before and V.choices is handler
+
+
+def test_mode_names_follow_one_rule():
+    """CUTETUNE_MODE and enable(mode=...) read mode names alike: any case, spaces ignored."""
+    import cutetune
+
+    assert settings.parse_mode(" Predicted ") == "predicted"
+    assert settings.compile_settings({"CUTETUNE_MODE": "Predicted"}).mode == "predicted"
+    with iin.enable("Predicted", model=FakeHeuristics()) as inst:
+        assert inst.factory.mode == "predicted"
+    with cutetune.enable("REDUCED", top_k=2, model=FakeHeuristics(), prefetch=False) as inst:
+        assert inst.factory.mode == "reduced"
+    with pytest.raises(ValueError, match="unknown cutetune mode 'Fast'"):
+        iin.enable("Fast")
 
 
 def test_feedback_saver_added_and_removed(tmp_path):

@@ -8,13 +8,16 @@ its metric floors say nothing about real GPUs.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from cutetune.artifacts import sealed_json
 from cutetune.cli import main
 from cutetune.models.dataset import append
 from cutetune.models import CostModel, ModelError, load_model, shipped_model_path
@@ -23,7 +26,7 @@ from cutetune.models.predict import predict
 from cutetune.models.evaluate import (group_kfold, leave_family_out, relevance, score_problems,
     summarize)
 from cutetune.models.fallback import CublasFallback
-from cutetune.models.features import dataset_features
+from cutetune.models.features import dataset_features, problem_descriptors
 from cutetune.models.baselines import nvmmh_picks, quack_sm90_list
 from cutetune.models.learners import BoosterModel
 from cutetune.models.train import TrainOptions, train
@@ -154,7 +157,9 @@ def _write(tmp_path, name, d):
 ])
 def test_bad_artifacts_raise_clear_errors(trained, tmp_path, mutate, message):
     d = json.loads(trained[1].read_text())
-    f = _write(tmp_path, "bad.json", mutate(d))
+    bad = mutate(d)
+    f = tmp_path / "bad.json"  # sealed: the checks after the checksum's are tested too
+    f.write_bytes(bad.encode() if isinstance(bad, str) else sealed_json(bad))
     with pytest.raises(ModelError, match=message) as e:
         load_model(f)
     assert str(f) in str(e.value)
@@ -165,6 +170,59 @@ def test_missing_model_errors(tmp_path):
         load_model(tmp_path / "nope.json")
     with pytest.raises(ModelError, match="cutetune train"):
         load_model(None, arch="sm100", dtype="fp16")
+
+
+def tiny_model(trained) -> CostModel:
+    """A few-tree ranker, timer and fallback: a model file of a few KB with all three kinds
+    of booster, for tests that go through every byte of one."""
+    data = load_measurements(trained[0])
+    X = dataset_features(data, device_for(data.device_name))
+    fit = lambda obj: BoosterModel(obj, n_estimators=2, max_depth=2).fit(  # noqa: E731
+        X, data.time_ms, data.group)
+    width = problem_descriptors(data.problems[:1], device_for("sm90")).shape[1] + 1
+    fallback = CublasFallback(n_estimators=2, max_depth=2).fit(
+        np.random.default_rng(0).normal(size=(20, width)).astype(np.float32),
+        np.linspace(-1, 1, 20))
+    return CostModel("sm90", "bf16", device_for("sm90"), fit("rank:pairwise"), fit("regression"),
+                     fallback)
+
+
+def test_every_byte_of_a_model_file_is_checked(trained, tmp_path):
+    """A byte changed anywhere in a model file (a stride across all of it: header, the three
+    boosters' base64, metadata, the checksum itself) is refused with a ModelError naming the
+    file, before XGBoost sees a booster (its loader can crash the process on a changed
+    byte): the checksum covers every byte, so none loads with changed predictions."""
+    path = tiny_model(trained).save(tmp_path / "m.json")
+    raw = path.read_bytes()
+    p = GemmProblem(512, 2048, 1024)
+    expected = load_model(path).scored(p, top_k=5)
+    refused = 0
+    positions = range(0, len(raw), max(1, len(raw) // 300))
+    for pos in positions:
+        bad = bytearray(raw)
+        bad[pos] ^= (0x01, 0x20, 0x80)[pos % 3]
+        path.write_bytes(bytes(bad))
+        try:
+            got = load_model(path).scored(p, top_k=5)
+        except ModelError as e:
+            assert str(path) in str(e)
+            refused += 1
+        else:
+            assert got == expected, f"byte {pos} changed the predictions"
+    assert refused == len(positions) >= 300
+    path.write_bytes(raw)
+    assert load_model(path).scored(p, top_k=5) == expected
+
+
+def test_old_format_and_directory_model_errors(trained, tmp_path):
+    d = {k: v for k, v in json.loads(trained[1].read_text()).items() if k != "checksum"}
+    old = _write(tmp_path, "v1.json", {**d, "format_version": 1})
+    with pytest.raises(ModelError, match="format version 1; this cutetune reads version 2 "
+                                         r"\(retrain it with `cutetune train`\)"):
+        load_model(old)
+    assert main(["predict", "--m", "64", "--n", "64", "--k", "64", "--model", str(tmp_path)]) == 2
+    with pytest.raises(ModelError, match=f"cost model {tmp_path} is a directory; give the file"):
+        load_model(tmp_path)
 
 
 def test_predict_cli_and_function(trained, tmp_path, capsys):
@@ -195,6 +253,141 @@ def test_predict_cli_and_function(trained, tmp_path, capsys):
     assert main(["predict", "--m", "64", "--n", "4096", "--k", "4096", "--configs", str(invalid),
                  "--model", str(path)]) == 2
     assert "sm90_tile_m" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("configs, words", [
+    ([{"tile_m": 128, "pingpong": "false"}], ["config #0", "pingpong must be true or false"]),
+    ([{"tile_m": 128}, {"tile_m": 128.9}], ["config #1", "tile_m must be an integer, got 128.9"]),
+    ([{"tile_m": 128, "cluster_k": 2}], ["config #0", "cluster_k=2", "does not tune cluster_k"]),
+    ([{"tile_m": 128, "num_warps": 4}], ["num_warps=4"]),
+    ([{"tile_m": 64, "tile_k": 64}], ["tile_k=64"]),
+    ([{"tile_m": 128, "device_capacity": 10}], ["device_capacity=10 is not sm90's (9)"]),
+    ([{"tile_n": 128}, {"tile_m": 64}, {"tile_n": 128, "cluster_k": 1}],
+     ["config #2 repeats config #0 (128x128pp_c2x1_sw8)"]),
+])
+def test_predict_reads_configs_strictly(trained, tmp_path, capsys, configs, words):
+    """A config read loosely would be another kernel ranked without a word: refused, naming
+    the file and the entry."""
+    f = _write(tmp_path, "c.json", configs)
+    assert main(["predict", "--m", "64", "--n", "4096", "--k", "4096", "--configs", str(f),
+                 "--model", str(trained[1])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"cutetune predict: error: {f}: ")
+    for w in words:
+        assert w in err
+
+
+@pytest.mark.parametrize("m", [10**12, 10**30])
+def test_predict_refuses_sizes_no_device_holds(trained, capsys, m):
+    assert main(["predict", "--m", str(m), "--n", "4096", "--k", "4096",
+                 "--model", str(trained[1])]) == 2
+    err = capsys.readouterr().err
+    assert "more than any sm90 device holds (H200: 141 GiB)" in err and len(err.splitlines()) == 1
+
+
+def test_predict_shows_the_order_it_ranks_by(trained, tmp_path, capsys):
+    """With a ranking objective the rank follows the ranker's score, shown beside the time
+    model's ms (a second model, not monotone in the rank): the header says which is which."""
+    path = tiny_model(trained).save(tmp_path / "m.json")
+    argv = ["predict", "--m", "512", "--n", "2048", "--k", "1024", "--top-k", "8",
+            "--model", str(path)]
+    assert main(argv + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    scores = [r["score"] for r in out["ranked"]]
+    assert out["ordered_by"] == "rank:pairwise" and scores == sorted(scores)
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("ranked by the rank:pairwise model's score (lower is better)")
+    assert lines[2].split() == ["rank", "config", "score", "est.", "ms", "TFLOP/s"]
+    shown = [float(line.split()[2]) for line in lines[3:11]]
+    assert shown == sorted(shown)
+
+
+TINY_TRAIN = ["--folds", "2", "--trees", "3", "--depth", "2", "--objectives", "regression",
+              "--no-baselines", "--no-family-out"]
+
+
+@pytest.mark.parametrize("out, report, words", [
+    ("{tmp}", None, ["model file {tmp} is a directory; give a file path"]),
+    ("{tmp}/m.json", "{tmp}/file", ["report folder {tmp}/file is a file; give a folder"]),
+    ("{tmp}/file/m.json", None, ["cannot write model file {tmp}/file/m.json"]),
+])
+def test_train_outputs_are_checked_before_the_work(tmp_path, capsys, out, report, words):
+    """The dataset does not even exist: the output's error comes first, not after training."""
+    (tmp_path / "file").write_text("x")
+    argv = ["train", str(tmp_path / "no-dataset"), "--out", out.format(tmp=tmp_path)]
+    assert main(argv + (["--report", report.format(tmp=tmp_path)] if report else [])) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    for w in words:
+        assert w.format(tmp=tmp_path) in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_train_output_on_a_read_only_filesystem(capsys, read_only_dir):
+    out = f"{read_only_dir}/cutetune-model.json"
+    assert main(["train", "no-dataset", "--out", out]) == 2
+    assert f"cannot write model file {out}: " in capsys.readouterr().err
+
+
+def test_a_full_disk_keeps_what_was_written_and_no_temporary(trained, tmp_path, capsys,
+                                                             monkeypatch):
+    """ENOSPC while the report is written: a clear error, the model file written before it
+    kept, no temporary file left."""
+    import cutetune.artifacts as artifacts
+
+    real_open = open
+
+    def full_disk(path, mode="r", *a, **kw):
+        f = real_open(path, mode, *a, **kw)
+        if "metrics.json" in str(path) and "w" in mode:
+            f.close()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return f
+
+    monkeypatch.setattr(artifacts, "open", full_disk, raising=False)
+    model, report = tmp_path / "m.json", tmp_path / "report"
+    assert main(["train", str(trained[0]), "--out", str(model), "--report", str(report),
+                 *TINY_TRAIN]) == 2
+    err = capsys.readouterr().err
+    assert f"no space left on the device writing report file {report / 'metrics.json'}" in err
+    assert load_model(model).rank(GemmProblem(64, 64, 64), top_k=1)
+    leftovers = [p.name for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+def _bad_dataset(tmp_path, **changes) -> Path:
+    p = GemmProblem(128, 256, 512)
+    rows = [{"device_name": SYNTHETIC_DEVICE, "problem_key": p.key(), **p.to_dict(),
+             "backend": "quack", "config_key": c.short(), **c.to_dict(), "status": "ok",
+             "time_ms": 1.0 + i} for i, c in enumerate(enumerate_configs("sm90", p)[:4])]
+    rows[2].update(changes)
+    append(tmp_path / "data", rows)
+    return tmp_path / "data"
+
+
+@pytest.mark.parametrize("time_ms, shown", [(float("nan"), "nan"), (-1.0, "-1.0"), (0.0, "0.0")])
+def test_training_data_with_a_bad_time_is_named(tmp_path, capsys, time_ms, shown):
+    data = _bad_dataset(tmp_path, time_ms=time_ms)
+    assert main(["train", str(data), "--out", str(tmp_path / "m.json"), *TINY_TRAIN]) == 2
+    err = capsys.readouterr().err
+    assert "dataset part " + str(data / "part-") in err
+    assert f"column time_ms of ok row 2 is {shown}" in err and len(err.splitlines()) == 1
+
+
+def test_training_data_with_a_wrong_column_type_is_named(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = _bad_dataset(tmp_path)
+    (part,) = data.glob("part-*.parquet")
+    t = pq.read_table(part)
+    t = t.set_column(t.schema.get_field_index("tile_n"), "tile_n",
+                     pa.array([str(v) + "px" for v in t.column("tile_n").to_pylist()]))
+    pq.write_table(t, part)
+    assert main(["train", str(data), "--out", str(tmp_path / "m.json"), *TINY_TRAIN]) == 2
+    err = capsys.readouterr().err
+    assert f"dataset part {part}: column tile_n has type string, not int32" in err
 
 
 def test_rank_whole_space_is_fast(trained):

@@ -86,10 +86,50 @@ def test_from_dict_round_trips_and_accepts_quack_extras():
     assert KernelConfig.from_dict(quack_dict) == c
 
 
-def test_short_key_is_unique_over_the_space():
-    for arch in ARCHES:
-        configs = enumerate_configs(arch)
-        assert len({c.short() for c in configs}) == len(configs)
+@pytest.mark.parametrize("d, match", [
+    ({"pingpong": "false"}, "pingpong must be true or false, got 'false'"),
+    ({"swap_ab": 2}, "swap_ab must be true or false, got 2"),
+    ({"tile_m": 128.9}, "tile_m must be an integer, got 128.9"),
+    ({"tile_m": 128.0}, "tile_m must be an integer, got 128.0"),
+    ({"split_k": "2"}, "split_k must be an integer, got '2'"),
+    ({"cluster_m": True}, "cluster_m must be an integer, got True"),
+    ({"cluster_k": 2}, "cluster_k=2: cutetune does not tune cluster_k"),
+    ({"num_warps": 8}, "num_warps=8"),
+    ({"tile_k": 64}, "tile_k=64"),
+    ({"use_tma_gather": True}, "use_tma_gather=True"),
+    ({"device_capacity": 8}, r"device_capacity=8 is not one of \[9, 10\]"),
+    ([128, 192], "a config is an object of fields, got list"),
+])
+def test_from_dict_is_strict(d, match):
+    """A config read loosely is another kernel, ranked or run without a word."""
+    with pytest.raises(ValueError, match=match):
+        KernelConfig.from_dict(d)
+
+
+def test_from_dict_takes_json_flags_as_0_or_1_and_checks_the_arch():
+    assert KernelConfig.from_dict({"pingpong": 0, "swap_ab": 1}) == KernelConfig(
+        pingpong=False, swap_ab=True)
+    assert KernelConfig.from_dict({"device_capacity": 10}, "sm100") == KernelConfig()
+    with pytest.raises(ValueError, match=r"device_capacity=9 is not sm100's \(10\)"):
+        KernelConfig.from_dict({"device_capacity": 9}, "sm100")
+
+
+@pytest.mark.parametrize("kw", [{"m": 10**12}, {"m": 10**30}, {"batch": 2**20, "m": 4096},
+                                {"arch": "sm100", "m": 2**24, "n": 2**12}])
+def test_problems_no_device_can_hold_are_refused(kw):
+    """Operands larger than any device of the arch holds are a typo: refused, not ranked."""
+    with pytest.raises(ProblemError, match=r"more than any sm\d+ device holds"):
+        GemmProblem(**{"m": 4096, "n": 4096, "k": 4096, **kw})
+
+
+def test_the_largest_problems_a_device_holds_are_kept():
+    """The bound is the arch's largest listed device: 161 GiB of operands fit a B200 (180 GiB)
+    but no sm90 device (the H200 has 141 GiB)."""
+    GemmProblem(2**21, 16384, 16384)  # 128.5 GiB
+    GemmProblem(2**21, 20480, 20480, arch="sm100")
+    with pytest.raises(ProblemError, match=r"161 GiB, more than any sm90 device holds "
+                                           r"\(H200: 141 GiB\)"):
+        GemmProblem(2**21, 20480, 20480)
 
 
 # ---------------------------------------------------------------- rules

@@ -23,6 +23,7 @@ from cutetune.models import triton_mm as tmm
 from cutetune.tuner.kernels import pointwise, helper as prefetch, swiglu
 from cutetune.tuner.inductor.passes import SwigluFusionPass
 from cutetune.models.heuristics import PackagedHeuristics
+from cutetune.artifacts import sealed_json
 
 BF16 = torch.bfloat16
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -454,7 +455,7 @@ def test_heuristics_file_carries_the_measured_fusions(tmp_path):
     assert idec.fusion_config(P(2048), h) == PLAIN  # the rule: first config without split-K
     d = json.loads(path.read_text())
     d["swiglu"][P(4096).key()] = 10**6
-    path.write_text(json.dumps(d))
+    path.write_bytes(sealed_json(d))  # sealed: the content is checked too
     with pytest.raises(hz.HeuristicsError, match="bad SwiGLU entry"):
         hz.Heuristics.load(path)
 

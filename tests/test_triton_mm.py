@@ -17,6 +17,7 @@ from cutetune.tuner.inductor import choices as ich, decisions as idec, feedback 
 from cutetune.tuner.kernels import problems
 from cutetune.models import triton_mm as tmm
 from cutetune.models.heuristics import Grid, Heuristics, HeuristicsError, predicted_triton_shapes
+from cutetune.artifacts import sealed_json
 
 X = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 8, "num_stages": 5, "num_warps": 2}
 Y = {**X, "BLOCK_N": 64, "num_warps": 4}
@@ -349,7 +350,7 @@ def test_heuristics_file_carries_the_table(tmp_path):
     assert Heuristics.load(heuristics_with(None).save(tmp_path / "none.json")).triton_config(p) is None
     d = json.loads(path.read_text())
     d["triton_mm"]["picks"][0]["config"] = {"BLOCK_M": 16}
-    (tmp_path / "bad.json").write_text(json.dumps(d))
+    (tmp_path / "bad.json").write_bytes(sealed_json(d))  # sealed: the content is checked too
     with pytest.raises(HeuristicsError, match="corrupt heuristics file"):
         Heuristics.load(tmp_path / "bad.json")
 

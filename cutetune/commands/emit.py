@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+from ..artifacts import check_writable
 from ..errors import UserError
 from ..models.heuristics import (EXACT_MARGIN, FILE_TOP_K, Grid, Pick, _digest, build,
                                  measured_picks, predicted_triton_shapes)
@@ -96,6 +97,7 @@ def _cmd_emit(args) -> int:
     except ImportError as e:
         raise UserError(f"the cost models are not available ({e})") from None
 
+    check_writable(args.out, "heuristics file")  # before minutes of freezing the model's picks
     grid = Grid(batch=tuple(args.batches))
     model = load_model(args.model, arch=args.arch, dtype=args.dtype)
     problems, measured = (_recorded(args.dataset, args.arch, args.dtype, args.top_k,

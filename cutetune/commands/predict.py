@@ -17,24 +17,34 @@ def _run(args: argparse.Namespace) -> int:
                           out_dtype=args.dtype, a_major=args.a_major, b_major=args.b_major,
                           arch=args.arch)
     model = load_model(args.model, problem.arch, problem.dtype)
-    configs = read_configs(args.configs) if args.configs else None
-    ranked = model.rank(problem, configs, args.top_k)
+    configs = read_configs(args.configs, problem.arch) if args.configs else None
+    ranked = model.scored(problem, configs, args.top_k)
+    one_model = model.timer is model.ranker
     try:
         margin = model.cublas_margin(problem, configs)
     except ModelError:
         margin = None  # a model trained without cuBLAS timings has no fallback
     if args.json:
         print(json.dumps({
-            "problem": problem.to_dict(),
+            "problem": problem.to_dict(), "ordered_by": model.ranker.objective,
             "ranked": [{"rank": i + 1, "config": c.to_dict(), "config_key": c.short(),
-                        "predicted_ms": ms} for i, (c, ms) in enumerate(ranked)],
+                        "score": score, "predicted_ms": ms}
+                       for i, (c, score, ms) in enumerate(ranked)],
             "prefers_cublas": None if margin is None else margin > 0,
             "cublas_margin": margin}, indent=1))
         return 0
     print(f"{problem.key()}  ({problem.flops / 1e9:.3g} GFLOP)")
-    print(f"{'rank':>4}  {'config':<32} {'pred ms':>10} {'TFLOP/s':>8}")
-    for i, (c, ms) in enumerate(ranked):
-        print(f"{i + 1:>4}  {c.short():<32} {ms:>10.4f} {problem.flops / ms / 1e9:>8.1f}")
+    # The rank is the ranker's; with a ranking objective the time model, a second model,
+    # gives the ms, and may order near ties differently: the score column is what ranks.
+    if one_model:
+        print(f"ordered by predicted time ({model.ranker.objective} model)")
+    else:
+        print(f"ranked by the {model.ranker.objective} model's score (lower is better); est. ms "
+              f"is the time model's (it may order near ties differently)")
+    print(f"{'rank':>4}  {'config':<32} {'score':>8} {'est. ms':>10} {'TFLOP/s':>8}")
+    for i, (c, score, ms) in enumerate(ranked):
+        print(f"{i + 1:>4}  {c.short():<32} {score:>8.3f} {ms:>10.4f} "
+              f"{problem.flops / ms / 1e9:>8.1f}")
     if margin is not None:
         verdict = "use cuBLAS" if margin > 0 else "use the top-1 config"
         print(f"fallback: {verdict} (quantile of log(t_top1/t_cuBLAS) = {margin:+.3f})")

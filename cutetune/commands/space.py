@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from ..artifacts import check_writable, write_atomic
 from ..space.config import KernelConfig
 from ..space.enumerate import AXES, check_arch, compile_keys, enumerate_configs, grid
 from ..space.problem import ARCHES, SUPPORTED_DTYPES, GemmProblem
@@ -128,8 +129,10 @@ def cmd_check(args) -> int:
     if args.rejected < 0:
         raise ValueError(f"--rejected must be >= 0, got {args.rejected}")
     out = Path(args.out) if args.out else None
-    if out is not None and not out.parent.is_dir():
-        raise FileNotFoundError(f"--out folder {out.parent} does not exist")
+    if out is not None:
+        if not out.parent.is_dir():
+            raise FileNotFoundError(f"--out folder {out.parent} does not exist")
+        check_writable(out, "--out report")  # now, not after an hour of compiles
     from ..tuner.measure.space_check import run_check  # compiles: needs quack, not a GPU
 
     def progress(done: int, r) -> None:
@@ -140,10 +143,6 @@ def cmd_check(args) -> int:
     report = run_check(arch, sample=args.sample, seed=args.seed, workers=args.workers,
                        rejected=args.rejected, cache_dir=args.cache_dir,
                        timeout_s=args.timeout, on_result=progress)
-    if out is not None:
-        tmp = out.with_suffix(out.suffix + ".tmp")
-        tmp.write_text(json.dumps(report, indent=1) + "\n")
-        tmp.replace(out)
     s = report["summary"]
     if args.json:
         _print({k: report[k] for k in report if k != "results"})
@@ -164,7 +163,9 @@ def cmd_check(args) -> int:
                   f"also rejected by the compiler")
             print(_table([{"rule": k, **v} for k, v in rej["rules"].items()],
                          ["rule", "tried_alone", "compiler_rejects_alone", "verdict"]))
-        if out is not None:
+    if out is not None:  # last: what is printed above stays if the disk is full
+        write_atomic(out, json.dumps(report, indent=1) + "\n", "--out report")
+        if not args.json:
             print(f"report written to {out}")
     return 1 if s["failed"] else 0
 

@@ -7,18 +7,22 @@ import argparse
 import os
 from pathlib import Path
 
+from ..artifacts import check_writable, check_writable_dir
 from ..models.artifact import CostModel
 from ..models.data import dataset_sha256, load_measurements
 from ..models.dataset import DatasetError
 from ..models.train import Evaluation, TrainOptions, train
 
 
-
 def run(dataset: str | os.PathLike, out: str | os.PathLike, report_dir: str | os.PathLike | None,
         options: TrainOptions) -> tuple[CostModel, Evaluation]:
-    """Train on a dataset folder, write the model file and (when asked) the report."""
+    """Train on a dataset folder, write the model file and (when asked) the report. Both
+    outputs are checked writable first: training takes minutes to hours."""
     from ..models.report import write_report
 
+    check_writable(out, "model file")
+    if report_dir is not None:
+        check_writable_dir(report_dir, "report folder")
     digest = dataset_sha256(dataset)
     data = load_measurements(dataset)
     if dataset_sha256(dataset) != digest:

@@ -152,52 +152,78 @@ def _chain_pass(slot: str, kind: type, make) -> object:
     return prev
 
 
+def _set_config(name: str):
+    return lambda value: setattr(inductor_config, name, value)
+
+
+# What an installation replaces, by slot: how to put back the value it found.
+_RESTORE = {
+    "post_pass": _set_config("post_grad_custom_post_pass"),
+    "pre_pass": _set_config("pre_grad_custom_pass"),
+    "template_manager": template_cache.uninstall,
+    "prefetch": lambda value: setattr(hook, "_prefetch_for", value),
+    "choices_class": _set_config("inductor_choices_class"),
+    "handler": _swap_thread_handler,
+}
+_ACTIVE: list["Installation"] = []  # the active installations, oldest first
+
+
 class Installation:
     """An active ``enable()``: a context manager, or call ``disable()``. Restores the previous
     ``inductor_choices_class``, this thread's choices handler, the feedback savers, the
     prefetcher source, the pre-grad pass that feeds it, the preprocessing hook that waits for
-    it, Triton's cache manager and the post-grad pass that fuses SwiGLU."""
+    it, Triton's cache manager and the post-grad pass that fuses SwiGLU.
+
+    Installations may be disabled in any order, not only the reverse of their creation: one
+    disabled while a later one is still active hands what it found, slot by slot, to the
+    next later installation that replaced that slot (it will put it back), and puts back
+    itself only the slots no later one replaced."""
 
     def __init__(self, factory: ChoicesFactory | None, feedback: FeedbackRecorder | None,
                  prefetch_for=None, fuse_swiglu: bool = False) -> None:
         self.factory, self.feedback = factory, feedback
-        self._prev_post_pass = _chain_pass(
+        prev = self._prev = {}  # slot -> the value this installation found there
+        prev["post_pass"] = _chain_pass(
             "post_grad_custom_post_pass", SwigluFusionPass,
             (lambda user: swiglu_fusion_pass(factory, user))
             if factory is not None and fuse_swiglu else None)
-        self._prev_pre_pass = _chain_pass(
+        prev["pre_pass"] = _chain_pass(
             "pre_grad_custom_pass", EarlyPrefetchPass,
             (lambda user: early_prefetch_pass(factory, user))
             if factory is not None and prefetch_for is not None else None)
-        self._prev_manager = template_cache.install() if factory is not None else _UNSET
-        self._prev_prefetch, hook._prefetch_for = hook._prefetch_for, prefetch_for
-        self._prev_class = inductor_config.inductor_choices_class
+        if factory is not None:
+            prev["template_manager"] = template_cache.install()
+        prev["prefetch"], hook._prefetch_for = hook._prefetch_for, prefetch_for
+        prev["choices_class"] = inductor_config.inductor_choices_class
         if factory is not None:
             new_class = factory
-        elif isinstance(self._prev_class, ChoicesFactory):
+        elif isinstance(prev["choices_class"], ChoicesFactory):
             new_class = None  # "off" lifts an outer cutetune installation
         else:
-            new_class = self._prev_class
+            new_class = prev["choices_class"]
         inductor_config.inductor_choices_class = new_class
-        self._prev_handler = _swap_thread_handler(_UNSET)
+        prev["handler"] = _swap_thread_handler(_UNSET)
         if feedback is not None:
             get_algorithm_selector_cache().add_feedback_saver(feedback)
         self.waits_for_prefetch = prefetch_for is not None
         if self.waits_for_prefetch:
             get_algorithm_selector_cache().add_preprocessing_fn(await_prefetched)
         self.active = True
+        _ACTIVE.append(self)
 
     def disable(self) -> None:
         if not self.active:
             return
         self.active = False
-        hook._prefetch_for = self._prev_prefetch
-        if self._prev_manager is not _UNSET:
-            template_cache.uninstall(self._prev_manager)
-        inductor_config.inductor_choices_class = self._prev_class
-        inductor_config.post_grad_custom_post_pass = self._prev_post_pass
-        inductor_config.pre_grad_custom_pass = self._prev_pre_pass
-        _swap_thread_handler(self._prev_handler)
+        i = _ACTIVE.index(self)
+        later = _ACTIVE[i + 1:]
+        del _ACTIVE[i]
+        for slot, value in self._prev.items():
+            heir = next((x for x in later if slot in x._prev), None)
+            if heir is not None:
+                heir._prev[slot] = value
+            else:
+                _RESTORE[slot](value)
         cache = get_algorithm_selector_cache()
         if self.feedback is not None and self.feedback in cache.feedback_saver_fns:
             cache.feedback_saver_fns.remove(self.feedback)

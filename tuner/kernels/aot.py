@@ -41,7 +41,7 @@ from pathlib import Path
 
 from .compile import cache_dir
 from ... import settings
-from ...artifacts import package_versions, write_atomic
+from ...artifacts import package_versions, replacing, write_atomic
 
 FORMAT = 1
 # What quack's plan build gets for the number of active clusters in the GPU-blind builder: it
@@ -297,9 +297,8 @@ def build(key: str, make_plan, arguments=epi_plan_arguments) -> Path:
 def _install(key: str, meta: bytes) -> None:
     """Link ``object_path(key)`` and write its launch arguments (last: the pair is complete)."""
     so, meta_path = library_paths(key)
-    tmp_so = so.with_name(f".{so.name}.{os.getpid()}")
-    link(object_path(key), tmp_so)
-    os.replace(tmp_so, so)
+    with replacing(so, "kernel library") as tmp_so:
+        link(object_path(key), tmp_so)
     write_atomic(meta_path, meta)
 
 
@@ -328,12 +327,11 @@ def write_package(path: Path, specs: list[dict]) -> None:
         entries[f"{key}.o"] = object_path(key).read_bytes()
         entries[f"{key}.json"] = library_paths(key)[1].read_bytes()
     manifest = {"format": FORMAT, "environments": envs, "kernels": kernels}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
-        z.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
-        for name in sorted(entries):
-            z.writestr(name, entries[name])
-    os.replace(tmp, path)
+    with replacing(path, "kernel package") as tmp:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+            z.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+            for name in sorted(entries):
+                z.writestr(name, entries[name])
 
 
 def install_packaged(key: str, package: Path) -> bool:
