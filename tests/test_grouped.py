@@ -1,16 +1,19 @@
-"""Grouped (MoE expert) GEMMs in the space: the problem, its config families and rules, and
-the kernel routing quack gives them."""
+"""Grouped (MoE expert) GEMMs in the space: the problem, its config families and rules, the
+kernel routing quack gives them, and the suites and routings."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from cutetune.space import GemmProblem, KernelConfig, ProblemError, quack_default_config
 from cutetune.space.enumerate import compile_keys, enumerate_configs, grid, sample_configs
 from cutetune.space.problem import ARCHES, GROUPED_GEMMS, GroupedProblem
 from cutetune.space.rules import FAMILIES, FAMILY_RULES, GROUPED, family_of, is_valid, violations
+from cutetune.space.suites import (MOE_MODELS, MOE_TOKENS, ROUTINGS, expert_gemm, grouped_suite,
+    moe_problems, random_grouped_problems, routing_counts)
 
 DSV3_UP = GroupedProblem(256, 16 * 8, 4096, 7168)  # DeepSeek-V3 gate+up, 16 tokens, top-8
 
@@ -186,3 +189,78 @@ def test_grouped_kernel_signature_and_class():
     assert len(classes) == 4
     # the problem's sizes are run-time arguments: one kernel serves them all
     assert kernel_signature(DSV3_UP, c) == kernel_signature(GroupedProblem(8, 64, 64, 64), c)
+
+
+# ---------------------------------------------------------------- suites
+def test_moe_problems_are_each_models_expert_gemms():
+    problems = moe_problems()
+    assert {m for m, _ in problems} == set(MOE_MODELS)
+    keys = [p.key() for _, p in problems]
+    assert len(keys) == len(set(keys)) > 400
+    assert all(p.flops <= 2**41 for _, p in problems)
+    dsv3 = {p for m, p in problems if m == "deepseek_v3"}
+    rows = 16 * 8
+    assert {DSV3_UP, GroupedProblem(256, rows, 7168, 4096, gemm="dgrad"),
+            GroupedProblem(256, 4096, 7168, rows, gemm="wgrad"),
+            GroupedProblem(256, rows, 7168, 2048), GroupedProblem(256, rows, 2048, 7168, "dgrad"),
+            GroupedProblem(256, 7168, 2048, rows, gemm="wgrad")} <= dsv3
+    granite = [p for m, p in problems if m == "granite3.1_1b_a400m"]
+    assert len(granite) == 2 * 3 * len(MOE_TOKENS)  # small enough that none is capped
+    assert {p.m for p in granite if p.gemm == "fwd"} == {t * 8 for t in MOE_TOKENS}
+    assert MOE_TOKENS[0] == 16 and MOE_TOKENS[-1] == 65536
+
+
+def test_expert_gemm_shapes():
+    assert expert_gemm("fwd", 8, 100, 28672, 4096) == GroupedProblem(8, 100, 28672, 4096)
+    assert expert_gemm("dgrad", 8, 100, 28672, 4096) == GroupedProblem(8, 100, 4096, 28672,
+                                                                       "dgrad")
+    assert expert_gemm("wgrad", 8, 100, 28672, 4096) == GroupedProblem(8, 28672, 4096, 100,
+                                                                       "wgrad")
+    with pytest.raises(ProblemError, match="unknown grouped GEMM"):
+        expert_gemm("bwd", 8, 100, 64, 64)
+
+
+def test_random_grouped_problems_seeded_in_range():
+    a = random_grouped_problems(60, seed=3)
+    assert a == random_grouped_problems(60, seed=3) != random_grouped_problems(60, seed=4)
+    for name, p in a:
+        assert name == "moe_random" and 4 <= p.experts <= 256 and p.flops <= 2**41
+        n_out, k_in = {"fwd": (p.n, p.k), "dgrad": (p.k, p.n), "wgrad": (p.m, p.n)}[p.gemm]
+        assert 512 <= n_out <= 16384 and 512 <= k_in <= 16384 and n_out % 8 == k_in % 8 == 0
+    assert {p.gemm for _, p in a} == set(GROUPED_GEMMS)
+
+
+def test_grouped_suite_names():
+    both = grouped_suite("moe+moe_random", seed=1)
+    assert len(both) == len(moe_problems()) + 120
+    assert all(isinstance(p, GroupedProblem) for _, p in both)
+    with pytest.raises(ValueError, match="unknown problem suite 'llm'.*moe, moe_random"):
+        grouped_suite("llm")
+
+
+@pytest.mark.parametrize("kind", ROUTINGS)
+@pytest.mark.parametrize("experts, rows", [(1, 5), (8, 0), (8, 1000), (256, 128), (40, 65536)])
+def test_routing_counts_sum_and_are_deterministic(kind, experts, rows):
+    c = routing_counts(experts, rows, kind, seed=7)
+    assert c.dtype == np.int64 and c.shape == (experts,) and c.sum() == rows and c.min() >= 0
+    np.testing.assert_array_equal(c, routing_counts(experts, rows, kind, seed=7))
+
+
+def test_routing_kinds_differ_as_named():
+    balanced = routing_counts(64, 64 * 100 + 5, "balanced")
+    assert balanced.max() - balanced.min() == 1 and (balanced == 101).sum() == 5
+    skewed = routing_counts(64, 6400, "skewed")
+    assert skewed.max() > 2 * skewed.mean()
+    empty = routing_counts(64, 6400, "empty")
+    assert (empty == 0).sum() >= 32 and empty.max() > 0
+    assert not np.array_equal(routing_counts(64, 6400, "skewed", seed=1), skewed)
+    assert (routing_counts(1, 9, "empty") == [9]).all()  # never every expert empty
+
+
+@pytest.mark.parametrize("args, match", [((0, 8, "balanced"), "experts must be"),
+                                         ((8, -1, "balanced"), "rows must be"),
+                                         ((8, 8.0, "balanced"), "rows must be"),
+                                         ((8, 8, "zipf"), "unknown routing 'zipf'")])
+def test_routing_counts_errors(args, match):
+    with pytest.raises(ProblemError, match=match):
+        routing_counts(*args)
