@@ -1,5 +1,5 @@
 """Grouped (MoE expert) GEMMs in the space: the problem, its config families and rules, the
-kernel routing quack gives them, and the suites and routings."""
+kernel routing quack gives them, the suites and routings, and the features."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 
 from cutetune.space import GemmProblem, KernelConfig, ProblemError, quack_default_config
+from cutetune.space.device import B200, H200
 from cutetune.space.enumerate import compile_keys, enumerate_configs, grid, sample_configs
+from cutetune.space.features import (BALANCED_NAMES, DERIVED_NAMES, GROUPED_FEATURE_NAMES,
+    GROUPED_RAW_NAMES, config_columns, derived_features, grouped_derived_features,
+    grouped_feature_matrix, grouped_ideal_time_s, grouped_problem_columns,
+    grouped_problem_feature_matrix, problem_columns)
 from cutetune.space.problem import ARCHES, GROUPED_GEMMS, GroupedProblem
 from cutetune.space.rules import FAMILIES, FAMILY_RULES, GROUPED, family_of, is_valid, violations
 from cutetune.space.suites import (MOE_MODELS, MOE_TOKENS, ROUTINGS, expert_gemm, grouped_suite,
@@ -264,3 +269,90 @@ def test_routing_kinds_differ_as_named():
 def test_routing_counts_errors(args, match):
     with pytest.raises(ProblemError, match=match):
         routing_counts(*args)
+
+
+# ---------------------------------------------------------------- features
+def gfeats(problem, configs, device=H200):
+    cols = {**config_columns(configs), **grouped_problem_columns(problem, len(configs))}
+    return grouped_derived_features(cols, device)
+
+
+@pytest.mark.parametrize("gemm", ["fwd", "wgrad"])
+def test_balanced_features_are_the_batched_gemms(gemm):
+    """With the rows splitting evenly, the balanced features are the dense features of the
+    batched GEMM of one batch per expert."""
+    p = GroupedProblem(16, 16 * 512, 2048, 1024) if gemm == "fwd" else GroupedProblem(
+        16, 2048, 1024, 16 * 512, gemm="wgrad")
+    batched = GemmProblem(512, 2048, 1024, batch=16) if gemm == "fwd" else GemmProblem(
+        2048, 1024, 512, batch=16, a_major="m", b_major="n")
+    configs = enumerate_configs("sm90", p)
+    got = gfeats(p, configs)
+    want = derived_features({**config_columns(configs), **problem_columns(batched, len(configs))},
+                            H200)
+    for name in DERIVED_NAMES:
+        np.testing.assert_array_equal(got[f"balanced_{name}"], want[name], err_msg=name)
+
+
+def test_decode_bounds_and_active_experts():
+    c = KernelConfig(64, 128, True, 1, 1, False, 8, 1, False)
+    f = {k: float(v[0]) for k, v in gfeats(DSV3_UP, [c]).items()}
+    assert (f["rows_per_expert"], f["active_experts"]) == (0.5, 0.5)
+    assert f["balanced_log2_batch"] == 7.0 and f["balanced_log2_m"] == 0.0  # 128 experts x 1 row
+    assert f["ragged_block"] == 64 and f["tiles_per_expert"] == 4096 / 128
+    # all 128 rows on one expert: 2 M tiles; one row each on 128 experts: 128 M tiles
+    assert (f["ragged_tiles_min"], f["ragged_tiles_max"]) == (2, 128)
+    assert (f["work_units_min"], f["work_units_max"]) == (2 * 32, 128 * 32)
+    assert f["work_units_max"] == f["balanced_work_units"]
+    assert f["waves_min"] == pytest.approx(64 / 132)
+    assert f["log2_ideal_s"] == pytest.approx(np.log2(grouped_ideal_time_s(DSV3_UP, H200)))
+
+
+@pytest.mark.parametrize("arch, device", [("sm90", H200), ("sm100", B200)])
+@pytest.mark.parametrize("problem", [
+    GroupedProblem(8, 4096, 28672, 4096), GroupedProblem(128, 96, 1536, 2048, gemm="dgrad"),
+    GroupedProblem(40, 1024, 1536, 8 * 1000, gemm="wgrad"), GroupedProblem(256, 7168, 4096, 24,
+                                                                           gemm="wgrad")])
+def test_grouped_features_finite_and_bounded(arch, device, problem):
+    p = dataclasses.replace(problem, arch=arch)
+    configs = enumerate_configs(arch, p)
+    x = grouped_problem_feature_matrix(p, configs, device)
+    assert x.shape == (len(configs), len(GROUPED_FEATURE_NAMES)) and x.dtype == np.float32
+    assert np.isfinite(x).all()
+    col = {name: x[:, j] for j, name in enumerate(GROUPED_FEATURE_NAMES)}
+    np.testing.assert_array_equal(col["experts"], p.experts)
+    assert (col["work_units_min"] <= col["balanced_work_units"]).all()
+    assert (col["balanced_work_units"] <= col["work_units_max"]).all()
+    assert (col["ragged_tiles_min"] <= col["ragged_tiles_max"]).all()
+    assert (col["varlen_k"] == (p.gemm == "wgrad")).all()
+    if p.gemm == "wgrad":
+        np.testing.assert_array_equal(col["work_units_min"], col["work_units_max"])
+    assert col["log2_ideal_s"] == pytest.approx(np.log2(grouped_ideal_time_s(p, device)))
+
+
+def test_grouped_feature_names_and_mixed_rows():
+    assert len(set(GROUPED_FEATURE_NAMES)) == len(GROUPED_FEATURE_NAMES)
+    assert GROUPED_FEATURE_NAMES[:4] == ("experts", "m", "n", "k")
+    assert set(BALANCED_NAMES) <= set(GROUPED_FEATURE_NAMES)
+    p1, p2 = DSV3_UP, GroupedProblem(8, 1024, 512, 2048, gemm="wgrad", dtype="fp16",
+                                     out_dtype="fp16")
+    c1, c2 = enumerate_configs("sm90", p1)[::9], enumerate_configs("sm90", p2)[::11]
+    cols1 = {**config_columns(c1), **grouped_problem_columns(p1, len(c1))}
+    cols2 = {**config_columns(c2), **grouped_problem_columns(p2, len(c2))}
+    mixed = {k: np.concatenate([cols1[k], cols2[k]]) for k in cols1}
+    np.testing.assert_array_equal(
+        grouped_feature_matrix(mixed, H200),
+        np.concatenate([grouped_feature_matrix(cols1, H200), grouped_feature_matrix(cols2, H200)]))
+    assert grouped_problem_feature_matrix(p1, [], H200).shape == (0, len(GROUPED_FEATURE_NAMES))
+    assert set(GROUPED_RAW_NAMES) <= set(cols1)
+
+
+@pytest.mark.parametrize("over, match", [({"gemm": None}, "missing: gemm"),
+                                         ({"gemm": np.array(["fwd", "bwd"])}, "'gemm' must be"),
+                                         ({"experts": np.array([0, 8])}, "'experts' must be")])
+def test_grouped_feature_errors(over, match):
+    cols = {**config_columns(enumerate_configs("sm90", DSV3_UP)[:2]),
+            **grouped_problem_columns(DSV3_UP, 2)}
+    cols.update(over)
+    cols = {k: v for k, v in cols.items() if v is not None}
+    with pytest.raises(ValueError, match=match):
+        grouped_feature_matrix(cols, H200)
