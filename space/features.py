@@ -13,6 +13,12 @@ Traffic is modelled L2 -> SM, without cache reuse: A is read once per column of 
 B once per row, and TMA multicast in a cluster divides A's reads by cluster_n and B's by
 cluster_m (on sm100 the 2-CTA pair splitting B counts the same way). The model learns what
 L2 reuse recovers; the footprint-over-L2 feature tells it when that is a lot.
+
+Grouped GEMMs (``GroupedProblem``) have features of their own (``GROUPED_FEATURE_NAMES``),
+from what the host knows: the experts and the ragged total, not how the rows split. Those of
+a balanced routing are the dense features of a batched GEMM, a batch per active expert with
+the ragged dimension split evenly (``balanced_*``); the bounds over every routing (each active
+expert's last block partial, or none) frame them.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import numpy as np
 
 from .config import KernelConfig
 from .device import DeviceSpec
-from .problem import DTYPE_BYTES, GemmProblem
+from .problem import DTYPE_BYTES, GROUPED_GEMMS, GemmProblem, GroupedProblem
 from .rules import pipeline_stages, tile_k
 
 CONFIG_FIELDS = tuple(f.name for f in fields(KernelConfig))
@@ -83,10 +89,14 @@ def derived_features(cols: Mapping[str, np.ndarray], device: DeviceSpec) -> dict
 def feature_matrix(cols: Mapping[str, np.ndarray], device: DeviceSpec) -> np.ndarray:
     """float32 (rows, len(FEATURE_NAMES)): the raw columns, then the derived features."""
     raw = _raw(cols)
-    derived = _derived(raw, cols, device)
-    x = np.empty((len(FEATURE_NAMES), len(raw["m"])), dtype=np.float32)
-    for j, name in enumerate(FEATURE_NAMES):
-        x[j] = raw[name] if j < len(RAW_NAMES) else derived[name]
+    return _matrix(FEATURE_NAMES, raw, _derived(raw, cols, device))
+
+
+def _matrix(names: Sequence[str], raw: dict, derived: dict) -> np.ndarray:
+    """float32 (rows, len(names)) of the named raw or derived columns."""
+    x = np.empty((len(names), len(raw["m"])), dtype=np.float32)
+    for j, name in enumerate(names):
+        x[j] = raw[name] if name in raw else derived[name]
     return np.ascontiguousarray(x.T)  # row-major, as sklearn and xgboost want it
 
 
@@ -206,29 +216,146 @@ def _derived(raw: dict[str, np.ndarray], cols: Mapping[str, np.ndarray],
             for name in DERIVED_NAMES}
 
 
+# ---------------------------------------------------------------- grouped GEMMs
+GROUPED_PROBLEM_FIELDS = ("experts", "m", "n", "k")
+GROUPED_RAW_NAMES = GROUPED_PROBLEM_FIELDS + CONFIG_FIELDS
+GROUPED_OWN_NAMES = (
+    "varlen_k", "log2_experts", "log2_ragged", "rows_per_expert", "log2_rows_per_expert",
+    "active_experts", "tiles_per_expert", "ragged_block", "ragged_tiles_min",
+    "ragged_tiles_max", "work_units_min", "work_units_max", "waves_min", "waves_max",
+    "log2_ideal_s",
+)
+BALANCED_NAMES = tuple(f"balanced_{name}" for name in DERIVED_NAMES)
+GROUPED_DERIVED_NAMES = GROUPED_OWN_NAMES + BALANCED_NAMES
+GROUPED_FEATURE_NAMES = GROUPED_RAW_NAMES + GROUPED_DERIVED_NAMES
+_GROUPED_POSITIVE = GROUPED_PROBLEM_FIELDS + _POSITIVE[len(PROBLEM_FIELDS):]
+
+
+def grouped_problem_columns(problem: GroupedProblem, n: int) -> dict[str, np.ndarray]:
+    """``problem`` broadcast to ``n`` rows, with its field names as columns."""
+    cols = {f: np.full(n, getattr(problem, f), dtype=np.int64) for f in GROUPED_PROBLEM_FIELDS}
+    for f in ("gemm", "dtype", "out_dtype", "arch"):
+        cols[f] = np.full(n, getattr(problem, f))
+    return cols
+
+
+def grouped_derived_features(cols: Mapping[str, np.ndarray],
+                             device: DeviceSpec) -> dict[str, np.ndarray]:
+    """The GROUPED_DERIVED_NAMES features of each row of ``cols``, as float64 columns.
+
+    ``cols`` holds experts, m, n, k, gemm (a GROUPED_GEMMS name) and the KernelConfig fields;
+    dtype, out_dtype and arch as for ``derived_features``. Raises ValueError naming the first
+    bad column."""
+    return _grouped_derived(_raw(cols, GROUPED_RAW_NAMES, _GROUPED_POSITIVE), cols, device)
+
+
+def grouped_feature_matrix(cols: Mapping[str, np.ndarray], device: DeviceSpec) -> np.ndarray:
+    """float32 (rows, len(GROUPED_FEATURE_NAMES)): the raw columns, then the derived ones."""
+    raw = _raw(cols, GROUPED_RAW_NAMES, _GROUPED_POSITIVE)
+    return _matrix(GROUPED_FEATURE_NAMES, raw, _grouped_derived(raw, cols, device))
+
+
+def grouped_problem_feature_matrix(problem: GroupedProblem, configs: Sequence[KernelConfig],
+                                   device: DeviceSpec) -> np.ndarray:
+    """Features of ``problem`` under each of ``configs`` on ``device`` (one row per config)."""
+    cols = {**config_columns(configs), **grouped_problem_columns(problem, len(configs))}
+    return grouped_feature_matrix(cols, device)
+
+
+def grouped_ideal_time_s(problem: GroupedProblem, device: DeviceSpec) -> float:
+    """The grouped problem's time at whichever ceiling binds, its operands moved once
+    (``GroupedProblem.min_bytes``): no kernel runs it faster, however its rows are routed."""
+    return float(max(_ceilings(float(problem.flops), problem.min_bytes,
+                               device.peak_flops(problem.dtype), device)))
+
+
+def _grouped_derived(raw: dict[str, np.ndarray], cols: Mapping[str, np.ndarray],
+                     device: DeviceSpec) -> dict[str, np.ndarray]:
+    experts, m, n, k = (raw[f] for f in GROUPED_PROBLEM_FIELDS)
+    rows = len(m)
+    if "gemm" not in cols:
+        raise ValueError("feature columns missing: gemm")
+    gemm = _strings(cols, "gemm", "")
+    unknown = sorted(set(gemm.tolist()) - set(GROUPED_GEMMS))
+    if unknown:
+        raise ValueError(f"column 'gemm' must be one of {', '.join(GROUPED_GEMMS)}, "
+                         f"got {unknown[0]!r}")
+    spec = lambda j: lambda g: GROUPED_GEMMS[g][j]  # noqa: E731
+    varlen_k = _per_value(gemm, spec(0)) == "k"
+    # The balanced routing: the ragged total split evenly over the experts with work (varlen M
+    # has at most one per row), as a batched dense GEMM of one batch per such expert.
+    ragged = np.where(varlen_k, k, m)
+    active = np.where(varlen_k, experts, np.minimum(experts, ragged))
+    per_expert = _ceil_div(ragged, active)
+    balanced_cols = {f: raw[f] for f in CONFIG_FIELDS}
+    balanced_cols.update(m=np.where(varlen_k, m, per_expert), n=n, batch=active,
+                         k=np.where(varlen_k, per_expert, k))
+    for name, j in (("a_major", 1), ("b_major", 2)):
+        balanced_cols[name] = np.broadcast_to(_per_value(gemm, spec(j)), (rows,))
+    balanced_cols.update({f: cols[f] for f in ("dtype", "out_dtype", "arch") if f in cols})
+    bal = _derived(_raw(balanced_cols), balanced_cols, device)
+
+    # Bounds over every routing, in blocks of the ragged dimension: a varlen-M cluster's rows
+    # (its clusters stay within one expert), or a K tile; each active expert's last block is
+    # anywhere from full to one element (quack's VarlenMTileScheduler bounds its grid so).
+    in_dtype = _strings(cols, "dtype", "bf16")
+    block = np.where(varlen_k, _per_value(in_dtype, tile_k),
+                     bal["cta_tile_m"].astype(np.int64) * raw["cluster_m"])
+    blocks_min = _ceil_div(ragged, block)
+    blocks_max = (ragged + active * (block - 1)) // block
+    tiles_n = bal["tiles_n"].astype(np.int64)
+    # Varlen K's work units are every expert's output tiles whatever the routing.
+    work_min = np.where(varlen_k, bal["work_units"], blocks_min * raw["cluster_m"] * tiles_n)
+    work_max = np.where(varlen_k, bal["work_units"], blocks_max * raw["cluster_m"] * tiles_n)
+    cluster_size = raw["cluster_m"] * raw["cluster_n"]
+    wave = (device.sm_count // cluster_size) * cluster_size  # CTAs of one full wave
+
+    in_bytes, out_bytes = bal["in_bytes"], bal["out_bytes"]
+    mf, nf, kf = (x.astype(np.float64) for x in (m, n, k))
+    min_bytes = np.where(varlen_k, (mf * kf + kf * nf) * in_bytes + experts * mf * nf * out_bytes,
+                         (mf * kf + active * kf * nf) * in_bytes + mf * nf * out_bytes)
+    peak = _per_value(in_dtype, device.peak_flops)
+    ideal = np.maximum(*_ceilings(2.0 * mf * nf * kf, min_bytes, peak, device))
+
+    rows_per_expert = ragged / experts
+    out = {
+        "varlen_k": varlen_k, "log2_experts": np.log2(experts), "log2_ragged": np.log2(ragged),
+        "rows_per_expert": rows_per_expert, "log2_rows_per_expert": np.log2(rows_per_expert),
+        "active_experts": active / experts, "tiles_per_expert": bal["tiles_m"] * bal["tiles_n"],
+        "ragged_block": block, "ragged_tiles_min": blocks_min, "ragged_tiles_max": blocks_max,
+        "work_units_min": work_min, "work_units_max": work_max,
+        "waves_min": work_min / wave, "waves_max": work_max / wave,
+        "log2_ideal_s": np.log2(ideal),
+        **{f"balanced_{name}": bal[name] for name in DERIVED_NAMES},
+    }
+    return {name: np.broadcast_to(np.asarray(out[name], dtype=np.float64), (rows,)).copy()
+            for name in GROUPED_DERIVED_NAMES}
+
+
 # ---------------------------------------------------------------- helpers
 def _ceil_div(a: np.ndarray, b) -> np.ndarray:
     return -(-a // b)
 
 
-def _raw(cols: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The RAW_NAMES columns as int64 (booleans as 0/1), checked: present, of one length,
-    numeric without missing values, sizes positive."""
-    missing = [f for f in RAW_NAMES if f not in cols]
+def _raw(cols: Mapping[str, np.ndarray], names: Sequence[str] = RAW_NAMES,
+         positive: Sequence[str] = _POSITIVE) -> dict[str, np.ndarray]:
+    """The ``names`` columns (RAW_NAMES) as int64 (booleans as 0/1), checked: present, of one
+    length, numeric without missing values, sizes (``positive``) positive."""
+    missing = [f for f in names if f not in cols]
     if missing:
         raise ValueError(f"feature columns missing: {', '.join(missing)}")
     lengths = {f: len(cols[f]) for f in cols}
     if len(set(lengths.values())) > 1:
         raise ValueError(f"feature columns differ in length: {lengths}")
     raw = {}
-    for name in RAW_NAMES:
+    for name in names:
         a = np.asarray(cols[name])
         if a.dtype.kind not in "biuf" or (a.dtype.kind == "f" and not np.isfinite(a).all()):
             # e.g. dataset rows of the cuBLAS baseline, which have no config
             raise ValueError(f"column {name!r} has missing or non-numeric values; "
                              f"filter out rows without a config (backend 'cublas') first")
         raw[name] = a = a.astype(np.int64, copy=False)
-        if name in _POSITIVE and a.size and a.min() < 1:
+        if name in positive and a.size and a.min() < 1:
             raise ValueError(f"column {name!r} must be positive, got {a.min()}")
     return raw
 

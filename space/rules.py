@@ -3,7 +3,11 @@ sampling, the Optuna space and the tuner's pruning.
 
 Each rule returns True when the config satisfies it. Its docstring says why a config that
 fails it is rejected; where the reason is quack's or the hardware's, it names the check.
-Config rules see (config, arch); problem rules also see the GemmProblem.
+Config rules see (config, arch); problem rules also see the problem.
+
+Rules belong to config families (``FAMILIES``): the dense GEMM's, and the grouped GEMM's two
+kernels, varlen M (an MoE forward or input gradient) and varlen K (its weight gradient). The
+tile, cluster and arch rules hold for all three: the same kernel classes run them.
 """
 
 from __future__ import annotations
@@ -12,11 +16,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .config import KernelConfig
-from .problem import DTYPE_BYTES, GemmProblem
+from .problem import DTYPE_BYTES, GemmProblem, GroupedProblem, ProblemError
 
 SMEM_BYTES = {"sm90": 227 * 1024, "sm100": 227 * 1024}  # per-CTA opt-in maximum
 MMA_WARPGROUP_THREADS = 128
 TILE_K_BYTES = 128  # quack's default K tile: 4 MMA k-steps = 64 elements of a 16-bit dtype
+
+
+FAMILIES = ("dense", "varlen_m", "varlen_k")
+GROUPED = ("varlen_m", "varlen_k")
 
 
 @dataclass(frozen=True)
@@ -25,23 +33,47 @@ class Rule:
     arches: tuple[str, ...]
     check: Callable
     needs_problem: bool
+    families: tuple[str, ...] = ("dense",)
 
     @property
     def why(self) -> str:
         return " ".join((self.check.__doc__ or "").split())
 
 
-CONFIG_RULES: list[Rule] = []
-PROBLEM_RULES: list[Rule] = []
+CONFIG_RULES: list[Rule] = []  # the dense family's
+PROBLEM_RULES: list[Rule] = []  # the dense family's
+# Every family's rules, in registration order.
+FAMILY_RULES: dict[str, list[Rule]] = {f: [] for f in FAMILIES}
 
 
-def _rule(*arches: str, problem: bool = False):
+def _rule(*arches: str, problem: bool = False, families: tuple[str, ...] = ("dense",)):
     def register(fn):
-        r = Rule(fn.__name__, arches, fn, problem)
-        (PROBLEM_RULES if problem else CONFIG_RULES).append(r)
+        r = Rule(fn.__name__, arches, fn, problem, families)
+        if "dense" in families:
+            (PROBLEM_RULES if problem else CONFIG_RULES).append(r)
+        for f in families:
+            FAMILY_RULES[f].append(r)
         return fn
 
     return register
+
+
+def family_of(problem: GemmProblem | GroupedProblem | None, family: str | None = None) -> str:
+    """The config family of ``problem`` (``family`` when no problem is given, else dense);
+    ProblemError for an unknown family or one that is not the problem's."""
+    if family is not None and family not in FAMILIES:
+        raise ProblemError(f"unknown config family {family!r}; known: {', '.join(FAMILIES)}")
+    own = problem.family if problem is not None else None
+    if own and family and own != family:
+        raise ProblemError(f"a {own} problem has no {family} configs")
+    return own or family or "dense"
+
+
+def family_rules(family: str, arch: str, problem: bool | None = None) -> list[Rule]:
+    """The rules of ``family`` on ``arch``: config rules only (``problem=False``), problem
+    rules only (True), or both (None)."""
+    return [r for r in FAMILY_RULES[family] if arch in r.arches
+            and (problem is None or r.needs_problem == problem)]
 
 
 # ---------------------------------------------------------------- shared arithmetic
@@ -80,7 +112,7 @@ def pipeline_stages(c: KernelConfig, arch: str, dtype: str = "bf16", out_dtype: 
 
 
 # ---------------------------------------------------------------- sm90 (GemmSm90.__init__)
-@_rule("sm90")
+@_rule("sm90", families=FAMILIES)
 def sm90_tile_m(c: KernelConfig, arch: str) -> bool:
     """sm90 CTA tile M must be 64/128/192 with pingpong (one warpgroup per tile) and
     64/128/192/256 cooperative (GemmSm90 raises 'CTA tile shape M must be ...'; 320 is left out:
@@ -88,7 +120,7 @@ def sm90_tile_m(c: KernelConfig, arch: str) -> bool:
     return c.tile_m in ((64, 128, 192) if c.pingpong else (64, 128, 192, 256))
 
 
-@_rule("sm90")
+@_rule("sm90", families=FAMILIES)
 def sm90_tile_n(c: KernelConfig, arch: str) -> bool:
     """sm90 CTA tile N must be a multiple of 16 within the per-mode maximum: pingpong 256/208/128
     for tile_m 64/128/192; cooperative tile_m 192 needs a multiple of 32 up to 256, others up
@@ -102,7 +134,7 @@ def sm90_tile_n(c: KernelConfig, arch: str) -> bool:
     return c.tile_n <= 256
 
 
-@_rule("sm90")
+@_rule("sm90", families=FAMILIES)
 def sm90_accumulator_fits_registers(c: KernelConfig, arch: str) -> bool:
     """The fp32 accumulator must leave room in the MMA warpgroups' 240-register budget (quack's
     setmaxnreg split): at most 208 accumulator registers per thread, the most quack ships
@@ -120,7 +152,7 @@ def sm90_static_scheduler(c: KernelConfig, arch: str) -> bool:
 
 
 # ---------------------------------------------------------------- sm100 (GemmSm100)
-@_rule("sm100")
+@_rule("sm100", families=FAMILIES)
 def sm100_no_pingpong(c: KernelConfig, arch: str) -> bool:
     """sm100 kernels have no pingpong mode: one MMA warp drives tcgen05 (quack's sm100 list
     sets pingpong=False). GemmSm100 ignores the flag, so the compiler accepts it; the rule keeps
@@ -128,7 +160,7 @@ def sm100_no_pingpong(c: KernelConfig, arch: str) -> bool:
     return not c.pingpong
 
 
-@_rule("sm100")
+@_rule("sm100", families=FAMILIES)
 def sm100_tile_m(c: KernelConfig, arch: str) -> bool:
     """sm100 MMA tile M must be 64, 128 or 256, and 256 needs an even cluster_m: it is the
     2-CTA MMA split across a CTA pair (GemmSm100.is_valid_mma_tiler_and_cluster_shape)."""
@@ -137,7 +169,7 @@ def sm100_tile_m(c: KernelConfig, arch: str) -> bool:
     return c.tile_m != 256 or c.cluster_m % 2 == 0
 
 
-@_rule("sm100")
+@_rule("sm100", families=FAMILIES)
 def sm100_tile_n(c: KernelConfig, arch: str) -> bool:
     """sm100 MMA tile N must be a multiple of 16 from 16 to 256 (the tcgen05 N range for 16-bit
     operands). Wider tiles (quack ships one 256x512) are left out: they take two MMAs per
@@ -149,7 +181,7 @@ def sm100_tile_n(c: KernelConfig, arch: str) -> bool:
 
 
 # ---------------------------------------------------------------- both arches
-@_rule("sm90", "sm100")
+@_rule("sm90", "sm100", families=FAMILIES)
 def cluster_shape(c: KernelConfig, arch: str) -> bool:
     """Cluster dims must be powers of two with at most 8 CTAs per cluster (the portable cluster
     size; TMA multicast spans a cluster row or column). A launch limit, not a compile one: the
@@ -179,14 +211,37 @@ def split_k_has_k_tiles(c: KernelConfig, p: GemmProblem) -> bool:
     return c.split_k == 1 or -(-p.k // tile_k(p.dtype)) >= 2 * c.split_k
 
 
+# ---------------------------------------------------------------- grouped (varlen M and K)
+@_rule("sm90", "sm100", families=GROUPED)
+def grouped_no_split_k(c: KernelConfig, arch: str) -> bool:
+    """Grouped GEMMs take no split-K: quack's _build_gemm_plan raises 'split_k requires a dense
+    GEMM (no varlen_m/varlen_k/gather_A)' before any compile, the varlen-M tile scheduler
+    asserts split_k == 1, and prune_invalid_gemm_configs adds no split-K variant to a varlen
+    call."""
+    return c.split_k == 1
+
+
+@_rule("sm90", "sm100", families=("varlen_m",))
+def varlen_m_no_swap_ab(c: KernelConfig, arch: str) -> bool:
+    """Varlen M cannot swap A and B: the ragged rows must stay the kernel's M (quack's
+    config_supports rejects swap_ab with varlen_m, and gemm_tuned asserts 'Variable-length
+    sequences not supported with swap_ab' before any compile). Varlen K may swap: its ragged
+    dimension is K either way, and quack prunes nothing there."""
+    return not c.swap_ab
+
+
 # ---------------------------------------------------------------- entry points
-def violations(c: KernelConfig, arch: str, problem: GemmProblem | None = None) -> list[Rule]:
-    """The rules ``c`` breaks on ``arch`` (and on ``problem`` when given)."""
-    bad = [r for r in CONFIG_RULES if arch in r.arches and not r.check(c, arch)]
+def violations(c: KernelConfig, arch: str, problem: GemmProblem | GroupedProblem | None = None,
+               family: str | None = None) -> list[Rule]:
+    """The rules ``c`` breaks on ``arch`` (and on ``problem`` when given), of the problem's
+    config family (``family`` without a problem; dense when neither is given)."""
+    fam = family_of(problem, family)
+    bad = [r for r in family_rules(fam, arch, problem=False) if not r.check(c, arch)]
     if problem is not None:
-        bad += [r for r in PROBLEM_RULES if arch in r.arches and not r.check(c, problem)]
+        bad += [r for r in family_rules(fam, arch, problem=True) if not r.check(c, problem)]
     return bad
 
 
-def is_valid(c: KernelConfig, arch: str, problem: GemmProblem | None = None) -> bool:
-    return not violations(c, arch, problem)
+def is_valid(c: KernelConfig, arch: str, problem: GemmProblem | GroupedProblem | None = None,
+             family: str | None = None) -> bool:
+    return not violations(c, arch, problem, family)

@@ -1,6 +1,7 @@
-"""Named problem suites: the linear layers of real LLMs, and log-uniform random shapes.
+"""Named problem suites: the linear layers of real LLMs, and log-uniform random shapes; for
+grouped GEMMs, the expert GEMMs of MoE models, random ones, and routings of their rows.
 
-A suite is a list of (suite_name, GemmProblem). LLM layers use nn.Linear's layout (A is the
+A suite is a list of (suite_name, problem). LLM layers use nn.Linear's layout (A is the
 row-major activation, B the transposed weight: both K-major) with tensor parallelism 1.
 """
 
@@ -8,8 +9,12 @@ from __future__ import annotations
 
 import math
 import random
+from typing import NamedTuple
 
-from .problem import DTYPE_BYTES, GemmProblem
+import numpy as np
+
+from .problem import (DTYPE_BYTES, GROUPED_GEMMS, GemmProblem, GroupedProblem, ProblemError,
+                      grouped_family)
 
 # (N, K) of each dense projection: out_features, in_features. Fused QKV / gate-up where the
 # reference implementation fuses them, separate where it does not.
@@ -61,16 +66,22 @@ def random_problems(count: int, seed: int = 0, dtype: str = "bf16", arch: str = 
     rounded to 16-byte multiples); shapes above ``max_flops`` are redrawn."""
     rng = random.Random(seed)
     align = 16 // DTYPE_BYTES[dtype]
-    draw = lambda lo, hi: int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))  # noqa: E731
     out = []
     while len(out) < count:
-        m = draw(1, 16384)
-        n = max(align, draw(256, 32768) // align * align)
-        k = max(align, draw(256, 32768) // align * align)
+        m = _log_uniform(rng, 1, 16384)
+        n = _log_uniform(rng, 256, 32768, align)
+        k = _log_uniform(rng, 256, 32768, align)
         p = GemmProblem(m, n, k, dtype=dtype, out_dtype=dtype, arch=arch)
         if p.flops <= max_flops:
             out.append(("random", p))
     return out
+
+
+def _log_uniform(rng: random.Random, lo: int, hi: int, align: int = 1) -> int:
+    """An integer drawn log-uniformly from [lo, hi], rounded down to a multiple of ``align``
+    (at least ``align``)."""
+    x = int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+    return max(align, x // align * align)
 
 
 def train_problems(dtype: str = "bf16", arch: str = "sm90", seed: int = 0, n_llm: int = 200,
@@ -92,12 +103,16 @@ SUITES = {
 
 def suite(name: str, dtype: str = "bf16", arch: str = "sm90", seed: int = 0):
     """Problems of a named suite (see SUITES); 'a+b' concatenates suites."""
+    return _concatenated(SUITES, name, dtype, arch, seed)
+
+
+def _concatenated(suites: dict, name: str, dtype: str, arch: str, seed: int):
     out = []
     for part in name.split("+"):
-        if part not in SUITES:
-            raise ValueError(f"unknown problem suite {part!r}; known: {', '.join(SUITES)} "
+        if part not in suites:
+            raise ValueError(f"unknown problem suite {part!r}; known: {', '.join(suites)} "
                              "(or pass a JSON file of problems)")
-        fn = SUITES[part]
+        fn = suites[part]
         out += fn(dtype, arch) if part == "llm" else fn(dtype, arch, seed)
     return out
 
@@ -117,3 +132,128 @@ def exhaustive_problems(dtype: str = "bf16", arch: str = "sm90", seed: int = 1,
             rng.shuffle(cands)
             picked += cands[: count // 8]
     return [(f"{s}_exhaustive", p) for s, p in picked]
+
+
+# ---------------------------------------------------------------- grouped: MoE experts
+class MoeLayer(NamedTuple):
+    experts: int
+    top_k: int  # experts per token: routed rows = tokens x top_k
+    hidden: int
+    intermediate: int  # of one expert
+
+
+# Routed experts of each model, from its config.json (shared experts are dense GEMMs):
+# DeepSeek-V3: inference/configs/config_671B.json (n_routed_experts, n_activated_experts, dim,
+# moe_inter_dim); Qwen3: num_experts, num_experts_per_tok, hidden_size, moe_intermediate_size
+# (as MindSpeed-RL's configs/model/qwen3_30b_a3b.yaml and qwen3_235b_a22b.yaml restate them);
+# Mixtral (mistralai/Mixtral-8x7B-Instruct-v0.1, mistral-community/Mixtral-8x22B-v0.1), Phi-3.5
+# (microsoft/Phi-3.5-MoE-instruct, as mlx-community's copy restates it) and Granite 3.1
+# (ibm-granite/granite-3.1-{3b-a800m,1b-a400m}-instruct): num_local_experts,
+# num_experts_per_tok, hidden_size, intermediate_size.
+MOE_MODELS: dict[str, MoeLayer] = {
+    "deepseek_v3": MoeLayer(256, 8, 7168, 2048),
+    "qwen3_30b_a3b": MoeLayer(128, 8, 2048, 768),
+    "qwen3_235b_a22b": MoeLayer(128, 8, 4096, 1536),
+    "mixtral_8x7b": MoeLayer(8, 2, 4096, 14336),
+    "mixtral_8x22b": MoeLayer(8, 2, 6144, 16384),
+    "phi3.5_moe": MoeLayer(16, 2, 4096, 6400),
+    "granite3.1_3b_a800m": MoeLayer(40, 8, 1536, 512),
+    "granite3.1_1b_a400m": MoeLayer(32, 8, 1024, 512),
+}
+MOE_TOKENS = tuple(2**i for i in range(4, 17))  # tokens per step: 16 .. 65536, log-spaced
+
+
+def expert_projections(layer: MoeLayer) -> dict[str, tuple[int, int]]:
+    """(N, K) of an expert's projections, out_features and in_features: gate and up fused
+    (N = 2 x intermediate), and down."""
+    return {"gate_up": (2 * layer.intermediate, layer.hidden),
+            "down": (layer.hidden, layer.intermediate)}
+
+
+def expert_gemm(gemm: str, experts: int, rows: int, n_out: int, k_in: int, dtype: str = "bf16",
+                arch: str = "sm90") -> GroupedProblem:
+    """The grouped GEMM ``gemm`` of a projection with weights (experts, n_out, k_in) over
+    ``rows`` routed rows: the forward Y = X W^T, the input gradient dX = dY W, or the weight
+    gradient dW = dY^T X (varlen K: the rows are the reduction)."""
+    grouped_family(gemm)  # a known GEMM
+    m, n, k = {"fwd": (rows, n_out, k_in), "dgrad": (rows, k_in, n_out),
+               "wgrad": (n_out, k_in, rows)}[gemm]
+    return GroupedProblem(experts, m, n, k, gemm=gemm, dtype=dtype, out_dtype=dtype, arch=arch)
+
+
+def moe_problems(dtype: str = "bf16", arch: str = "sm90", tokens=MOE_TOKENS,
+                 max_flops: int = MAX_SUITE_FLOPS) -> list[tuple[str, GroupedProblem]]:
+    """Every MoE model's expert GEMMs (both projections, each GEMM) at each token count, up to
+    ``max_flops`` (as ``llm_problems``), named by model; shared problems once."""
+    seen, out = set(), []
+    for model, layer in MOE_MODELS.items():
+        for n_out, k_in in expert_projections(layer).values():
+            for gemm in GROUPED_GEMMS:
+                for t in tokens:
+                    p = expert_gemm(gemm, layer.experts, t * layer.top_k, n_out, k_in, dtype,
+                                    arch)
+                    if p.flops <= max_flops and p.key() not in seen:
+                        seen.add(p.key())
+                        out.append((model, p))
+    return out
+
+
+def random_grouped_problems(count: int, seed: int = 0, dtype: str = "bf16", arch: str = "sm90",
+                            max_flops: int = MAX_SUITE_FLOPS
+                            ) -> list[tuple[str, GroupedProblem]]:
+    """Log-uniform experts in 4..256, tokens in 16..65536 and projection N, K in 512..16384
+    (aligned for the dtype, as ``random_problems``), top-k of 1, 2, 4 or 8 (at most the
+    experts) and each GEMM equally likely; problems above ``max_flops`` are redrawn."""
+    rng = random.Random(seed)
+    align = 16 // DTYPE_BYTES[dtype]
+    out = []
+    while len(out) < count:
+        experts, tokens = _log_uniform(rng, 4, 256), _log_uniform(rng, 16, 65536)
+        top_k = rng.choice([t for t in (1, 2, 4, 8) if t <= experts])
+        n_out, k_in = (_log_uniform(rng, 512, 16384, align) for _ in range(2))
+        p = expert_gemm(rng.choice(list(GROUPED_GEMMS)), experts, tokens * top_k, n_out, k_in,
+                        dtype, arch)
+        if p.flops <= max_flops:
+            out.append(("moe_random", p))
+    return out
+
+
+GROUPED_SUITES = {
+    "moe": lambda dtype, arch, seed: moe_problems(dtype, arch),
+    "moe_random": lambda dtype, arch, seed: random_grouped_problems(120, seed, dtype, arch),
+}
+
+
+def grouped_suite(name: str, dtype: str = "bf16", arch: str = "sm90", seed: int = 0):
+    """Problems of a named grouped suite (see GROUPED_SUITES); 'a+b' concatenates suites."""
+    return _concatenated(GROUPED_SUITES, name, dtype, arch, seed)
+
+
+# ---------------------------------------------------------------- grouped: routings
+ROUTINGS = ("balanced", "skewed", "empty")
+SKEW_ALPHA = 1.0  # Dirichlet concentration of "skewed": expert loads spread like exponentials
+EMPTY_FRACTION = 0.5  # experts without rows in "empty"
+
+
+def routing_counts(experts: int, rows: int, kind: str, seed: int = 0) -> np.ndarray:
+    """Rows per expert (int64, ``experts`` long, summing to ``rows``) of a routing ``kind``:
+    "balanced" (as even as can be, the remainder to a seeded choice of experts), "skewed"
+    (multinomial over Dirichlet(SKEW_ALPHA) expert weights) or "empty" (EMPTY_FRACTION of the
+    experts, at least one and never all, get none; the rest share the rows evenly at random).
+    Deterministic in ``seed``."""
+    for name, v, least in (("experts", experts, 1), ("rows", rows, 0)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < least:
+            raise ProblemError(f"{name} must be an integer >= {least}, got {v!r}")
+    if kind not in ROUTINGS:
+        raise ProblemError(f"unknown routing {kind!r}; known: {', '.join(ROUTINGS)}")
+    rng = np.random.default_rng([seed, experts, rows, ROUTINGS.index(kind)])
+    if kind == "balanced":
+        counts = np.full(experts, rows // experts, dtype=np.int64)
+        counts[rng.permutation(experts)[: rows % experts]] += 1
+        return counts
+    if kind == "skewed":
+        return rng.multinomial(rows, rng.dirichlet(np.full(experts, SKEW_ALPHA))).astype(np.int64)
+    counts = np.zeros(experts, dtype=np.int64)
+    full = rng.permutation(experts)[: max(1, experts - max(1, int(experts * EMPTY_FRACTION)))]
+    counts[full] = rng.multinomial(rows, np.full(len(full), 1.0 / len(full)))
+    return counts

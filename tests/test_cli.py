@@ -142,3 +142,78 @@ def test_check_writes_report(tmp_path, capsys):
     assert report["rejected"]["tried"] == 1
     assert "compiled 2 of 972 valid kernels for sm_100a: 2 ok, 0 failed" in text
     assert err.count("\n") == 2  # one progress line per valid config
+
+
+# ---------------------------------------------------------------- grouped GEMMs
+def test_show_grouped_json_for_a_problem(capsys):
+    from cutetune.space.enumerate import GROUPED_AXES
+    from cutetune.space.problem import GroupedProblem
+
+    rc, out, _ = run(capsys, "space", "show", "--gemm", "wgrad", "--experts", "128", "--m",
+                     "1536", "--n", "2048", "--k", "65536", "--limit", "2", "--json")
+    assert rc == 0
+    d = json.loads(out)
+    p = GroupedProblem(128, 1536, 2048, 65536, gemm="wgrad")
+    assert d["problem"] == p.to_dict() and d["family"] == "varlen_k"
+    assert d["valid_configs"] == len(enumerate_configs("sm90", p)) == 1344
+    assert [c["config_key"] for c in d["configs"]] == [
+        c.short() for c in enumerate_configs("sm90", p)[:2]]
+    assert d["axes"]["tile_n"] == list(GROUPED_AXES["sm90"]["tile_n"])
+    names = {r["name"] for r in d["rules"]}
+    assert "grouped_no_split_k" in names and "sm90_tile_n" in names
+    assert "varlen_m_no_swap_ab" not in names and "sm90_static_scheduler" not in names
+
+
+def test_show_grouped_text_names_the_family(capsys):
+    rc, out, _ = run(capsys, "space", "show", "--arch", "sm100", "--gemm", "fwd")
+    assert rc == 0
+    assert out.startswith("arch sm100, grouped GEMM fwd (varlen_m)")
+    assert "varlen_m_no_swap_ab:" in out and "config_supports" in out
+
+
+def test_count_includes_the_grouped_families(capsys):
+    rc, out, _ = run(capsys, "space", "count", "--arch", "sm90", "--json")
+    assert rc == 0
+    d = json.loads(out)
+    assert (d["valid_configs"], d["valid_kernels"]) == (2400, 1200)  # dense, as before
+    g = d["grouped"]
+    assert (g["varlen_m"]["valid_kernels"], g["varlen_k"]["valid_kernels"]) == (336, 672)
+    assert g["varlen_m"]["rules"]["varlen_m_no_swap_ab"]["rejects_alone"] > 0
+    assert "varlen_m_no_swap_ab" not in g["varlen_k"]["rules"]
+    rc, out, _ = run(capsys, "space", "count", "--arch", "sm100")
+    assert "sm100 grouped varlen_m (fwd, dgrad): 240 valid configs, 120 distinct" in out
+    assert "sm100 grouped varlen_k (wgrad): 480 valid configs, 240 distinct" in out
+
+
+def test_check_grouped_passes_the_gemm(capsys, monkeypatch):
+    """`space check --gemm` checks that GEMM's kernels (the compiles are the runner's: see
+    test_compile_check)."""
+    import cutetune.tuner.measure.space_check as space_check
+
+    seen = {}
+
+    def fake_run_check(arch, **kwargs):
+        seen.update(arch=arch, **kwargs)
+        return {"summary": {"count": 0, "ok": 0, "failed": 0, "configs_per_minute": None},
+                "valid_kernels": 672, "dsl_arch": "sm_90a", "workers": 1, "failures": []}
+
+    monkeypatch.setattr(space_check, "run_check", fake_run_check)
+    rc, out, _ = run(capsys, "space", "check", "--gemm", "wgrad", "--sample", "1", "--quiet")
+    assert rc == 0 and seen["arch"] == "sm90" and seen["gemm"] == "wgrad"
+    assert out.startswith("sm90 grouped wgrad: compiled 0 of 672 valid kernels")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["space", "show", "--gemm", "bwd"], ["unknown grouped GEMM 'bwd'", "fwd, dgrad, wgrad"]),
+    (["space", "check", "--gemm", "bwd"], ["unknown grouped GEMM 'bwd'"]),
+    (["space", "show", "--experts", "8", "--m", "64", "--n", "64", "--k", "64"],
+     ["--experts is for a grouped problem", "--gemm"]),
+    (["space", "show", "--gemm", "fwd", "--m", "64", "--n", "64", "--k", "64"],
+     ["missing --experts"]),
+    (["space", "show", "--gemm", "fwd", "--experts", "8", "--m", "64", "--n", "64", "--k", "64",
+      "--b-major", "n"], ["--b-major", "dense problems only"]),
+    (["space", "show", "--gemm", "fwd", "--experts", "0", "--m", "64", "--n", "64", "--k", "64"],
+     ["experts must be a positive integer"]),
+])
+def test_grouped_user_errors_exit_2_with_one_line(capsys, argv, words):
+    test_user_errors_exit_2_with_one_line(capsys, argv, words)

@@ -10,28 +10,52 @@ from pathlib import Path
 
 from ..artifacts import check_writable, write_atomic
 from ..space.config import KernelConfig
-from ..space.enumerate import AXES, check_arch, compile_keys, enumerate_configs, grid
-from ..space.problem import ARCHES, SUPPORTED_DTYPES, GemmProblem
-from ..space.rules import CONFIG_RULES, PROBLEM_RULES, Rule, violations
+from ..space.enumerate import axes, check_arch, compile_keys, enumerate_configs, grid
+from ..space.problem import (ARCHES, GROUPED_GEMMS, SUPPORTED_DTYPES, GemmProblem,
+                             GroupedProblem, grouped_family)
+from ..space.rules import GROUPED, Rule, family_rules, violations
 
 ARCH_HELP = f"target architecture: {' or '.join(ARCHES)}"
+GEMM_HELP = (f"a grouped (MoE expert) GEMM: {', '.join(GROUPED_GEMMS)} (varlen M: the forward "
+             "and the input gradient; varlen K: the weight gradient)")
 
 
 def _arches(arch: str | None) -> list[str]:
     return [check_arch(arch)] if arch else list(ARCHES)
 
 
-def _problem(args) -> GemmProblem | None:
-    """The problem named by --m/--n/--k (None when none of them is given)."""
+def _family(args) -> str:
+    """The config family --gemm selects (dense without it)."""
+    return "dense" if args.gemm is None else grouped_family(args.gemm)
+
+
+def _problem(args) -> GemmProblem | GroupedProblem | None:
+    """The problem named by --m/--n/--k (None when none of them is given): dense, or with
+    --gemm grouped (and --experts then required)."""
     sizes = {"--m": args.m, "--n": args.n, "--k": args.k}
+    if args.experts is not None and args.gemm is None:
+        raise ValueError("--experts is for a grouped problem: add --gemm "
+                         + "|".join(GROUPED_GEMMS))
     if all(v is None for v in sizes.values()):
         return None
     missing = [name for name, v in sizes.items() if v is None]
+    if args.gemm is not None and args.experts is None:
+        missing.append("--experts")
     if missing:
-        raise ValueError(f"a problem needs --m, --n and --k; missing {', '.join(missing)}")
-    return GemmProblem(args.m, args.n, args.k, batch=args.batch, dtype=args.dtype,
-                       out_dtype=args.dtype, a_major=args.a_major, b_major=args.b_major,
-                       arch=args.arch)
+        need = "--experts, --m, --n and --k" if args.gemm else "--m, --n and --k"
+        raise ValueError(f"a problem needs {need}; missing {', '.join(missing)}")
+    if args.gemm is not None:
+        dense_only = [f"--{n.replace('_', '-')}" for n in ("batch", "a_major", "b_major")
+                      if getattr(args, n) is not None]
+        if dense_only:
+            raise ValueError(f"{', '.join(dense_only)}: for dense problems only (a grouped "
+                             "GEMM's majors follow from --gemm)")
+        return GroupedProblem(args.experts, args.m, args.n, args.k, gemm=args.gemm,
+                              dtype=args.dtype, out_dtype=args.dtype, arch=args.arch)
+    default = lambda v, d: d if v is None else v  # noqa: E731
+    return GemmProblem(args.m, args.n, args.k, batch=default(args.batch, 1), dtype=args.dtype,
+                       out_dtype=args.dtype, a_major=default(args.a_major, "k"),
+                       b_major=default(args.b_major, "k"), arch=args.arch)
 
 
 def _rule_dict(r: Rule) -> dict:
@@ -60,9 +84,11 @@ def cmd_show(args) -> int:
     arch = check_arch(args.arch)
     if args.limit < 0:
         raise ValueError(f"--limit must be >= 0, got {args.limit}")
+    family = _family(args)
     problem = _problem(args)
-    rules = [r for r in CONFIG_RULES + PROBLEM_RULES if arch in r.arches]
-    out: dict = {"arch": arch, "axes": {k: list(v) for k, v in AXES[arch].items()},
+    rules = family_rules(family, arch)
+    out: dict = {"arch": arch, "family": family,
+                 "axes": {k: list(v) for k, v in axes(arch, family).items()},
                  "rules": [_rule_dict(r) for r in rules]}
     if problem is not None:
         configs = enumerate_configs(arch, problem)
@@ -73,7 +99,8 @@ def cmd_show(args) -> int:
     if args.json:
         _print(out)
         return 0
-    print(f"arch {arch}\n\naxes (before the rules filter):")
+    title = "" if family == "dense" else f", grouped GEMM {args.gemm} ({family})"
+    print(f"arch {arch}{title}\n\naxes (before the rules filter):")
     for name, values in out["axes"].items():
         print(f"  {name:22s} {', '.join(str(v) for v in values)}")
     print("\nrules (a config must satisfy all):")
@@ -89,21 +116,34 @@ def cmd_show(args) -> int:
 
 
 # ---------------------------------------------------------------- count
-def space_counts(arch: str) -> dict:
+def family_counts(arch: str, family: str = "dense") -> dict:
     """Grid size, valid configs, distinct compiled kernels, and per config rule how many grid
-    points it rejects (in all, and as the only rule broken)."""
-    points = list(grid(arch))
-    valid = enumerate_configs(arch)
+    points it rejects (in all, and as the only rule broken), of one config family."""
+    points = list(grid(arch, family))
+    valid = enumerate_configs(arch, family=family)
     any_, alone = Counter(), Counter()
     for c in points:
-        broken = [r.name for r in violations(c, arch)]
+        broken = [r.name for r in violations(c, arch, family=family)]
         any_.update(broken)
         if len(broken) == 1:
             alone[broken[0]] += 1
-    return {"arch": arch, "grid_points": len(points), "valid_configs": len(valid),
+    return {"grid_points": len(points), "valid_configs": len(valid),
             "valid_kernels": len(compile_keys(valid)),
             "rules": {r.name: {"rejects": any_[r.name], "rejects_alone": alone[r.name]}
-                      for r in CONFIG_RULES if arch in r.arches}}
+                      for r in family_rules(family, arch, problem=False)}}
+
+
+def space_counts(arch: str) -> dict:
+    """``family_counts`` of the dense family, with the grouped families' under "grouped"."""
+    return {"arch": arch, **family_counts(arch),
+            "grouped": {f: family_counts(arch, f) for f in GROUPED}}
+
+
+def _print_counts(name: str, c: dict) -> None:
+    print(f"{name}: {c['valid_configs']} valid configs, {c['valid_kernels']} distinct "
+          f"compiled kernels, of {c['grid_points']} grid points")
+    print(_table([{"rule": k, **v} for k, v in c["rules"].items()],
+                 ["rule", "rejects", "rejects_alone"]))
 
 
 def cmd_count(args) -> int:
@@ -112,10 +152,10 @@ def cmd_count(args) -> int:
         _print(counts if args.arch is None else counts[0])
         return 0
     for c in counts:
-        print(f"{c['arch']}: {c['valid_configs']} valid configs, {c['valid_kernels']} distinct "
-              f"compiled kernels, of {c['grid_points']} grid points")
-        print(_table([{"rule": k, **v} for k, v in c["rules"].items()],
-                     ["rule", "rejects", "rejects_alone"]))
+        _print_counts(c["arch"], c)
+        for family, g in c["grouped"].items():
+            gemms = ", ".join(g for g in GROUPED_GEMMS if grouped_family(g) == family)
+            _print_counts(f"{c['arch']} grouped {family} ({gemms})", g)
     return 0
 
 
@@ -140,14 +180,16 @@ def cmd_check(args) -> int:
             msg = f"{r.status} {r.seconds:6.2f}s" + (f"  {r.error[:160]}" if r.error else "")
             print(f"[{done}] {r.config.short()}: {msg}", file=sys.stderr, flush=True)
 
+    gemm = args.gemm
     report = run_check(arch, sample=args.sample, seed=args.seed, workers=args.workers,
                        rejected=args.rejected, cache_dir=args.cache_dir,
-                       timeout_s=args.timeout, on_result=progress)
+                       timeout_s=args.timeout, on_result=progress, gemm=gemm)
     s = report["summary"]
     if args.json:
         _print({k: report[k] for k in report if k != "results"})
     else:
-        print(f"{arch}: compiled {s['count']} of {report['valid_kernels']} valid kernels for "
+        what = arch if gemm is None else f"{arch} grouped {gemm}"
+        print(f"{what}: compiled {s['count']} of {report['valid_kernels']} valid kernels for "
               f"{report['dsl_arch']}: {s['ok']} ok, {s['failed']} failed; "
               f"{s['configs_per_minute']} configs/min with {report['workers']} workers")
         if s["ok"]:
@@ -172,17 +214,22 @@ def cmd_check(args) -> int:
 
 # ---------------------------------------------------------------- parser
 def _add_problem_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("problem (optional; --m, --n and --k together)")
-    g.add_argument("--m", type=int, help="rows of A and D")
+    g = p.add_argument_group("problem (optional; --m, --n and --k together, and --experts "
+                             "with --gemm)")
+    g.add_argument("--m", type=int, help="rows of A and D (of all experts: M_total, for a "
+                   "grouped fwd or dgrad)")
     g.add_argument("--n", type=int, help="columns of B and D")
-    g.add_argument("--k", type=int, help="the reduction dimension")
-    g.add_argument("--batch", type=int, default=1, help="batch count (default 1)")
+    g.add_argument("--k", type=int, help="the reduction dimension (of all experts: the routed "
+                   "rows, for a grouped wgrad)")
+    g.add_argument("--batch", type=int, help="batch count (default 1; dense only)")
+    g.add_argument("--experts", type=int, help="experts of a grouped problem (with --gemm)")
     g.add_argument("--dtype", default="bf16",
                    help=f"A/B/D element type: {', '.join(SUPPORTED_DTYPES)} (default bf16)")
-    g.add_argument("--a-major", default="k",
-                   help="contiguous dim of A (M, K): k (row-major, default) or m")
-    g.add_argument("--b-major", default="k",
-                   help="contiguous dim of B (K, N): k (nn.Linear weight, default) or n")
+    g.add_argument("--a-major",
+                   help="contiguous dim of A (M, K): k (row-major, default) or m; dense only")
+    g.add_argument("--b-major",
+                   help="contiguous dim of B (K, N): k (nn.Linear weight, default) or n; "
+                   "dense only")
 
 
 def register(subparsers) -> None:
@@ -194,9 +241,11 @@ def register(subparsers) -> None:
 
     show = sub.add_parser(
         "show", help="axes, rules, and the valid configs for a problem",
-        description="Print the arch's axes and validity rules (with the reason for each); "
-        "given --m --n --k, also the valid configs for that problem.")
+        description="Print the arch's axes and validity rules (with the reason for each), of "
+        "dense GEMMs or with --gemm of a grouped one; given --m --n --k (and --experts), also "
+        "the valid configs for that problem.")
     show.add_argument("--arch", default="sm90", help=ARCH_HELP + " (default sm90)")
+    show.add_argument("--gemm", help=GEMM_HELP + "; default: a dense GEMM")
     _add_problem_args(show)
     show.add_argument("--limit", type=int, default=20, metavar="N",
                       help="list at most N configs (default 20, 0 for all; the count is exact)")
@@ -207,7 +256,8 @@ def register(subparsers) -> None:
         "count", help="valid configs, compiled kernels and per-rule rejections",
         description="Count the grid points, valid configs and distinct compiled kernels "
         "(configs that differ only in run-time knobs share a kernel) per arch, and how many "
-        "grid points each rule rejects.")
+        "grid points each rule rejects: of dense GEMMs, then of grouped ones (varlen M and "
+        "varlen K).")
     count.add_argument("--arch", help=ARCH_HELP + " (default: both)")
     count.add_argument("--json", action="store_true", help="print JSON instead of text")
     count.set_defaults(func=cmd_count)
@@ -219,6 +269,8 @@ def register(subparsers) -> None:
         "grid points the rules reject, to see per rule whether the compiler agrees. Exits 1 "
         "when a valid config fails to compile.")
     check.add_argument("--arch", default="sm90", help=ARCH_HELP + " (default sm90)")
+    check.add_argument("--gemm", help=GEMM_HELP + "; its kernels are checked instead of the "
+                       "dense ones")
     check.add_argument("--sample", type=int, metavar="N",
                        help="compile this many distinct valid kernels (default: all of them)")
     check.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")

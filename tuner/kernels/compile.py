@@ -3,9 +3,9 @@
 The GPU process later launches the same config through quack's normal entry point
 (``gemm_interface._gemm_execute``), whose plan build looks the kernel up in quack's
 ``jit_cache`` by the exact positional arguments of ``quack.gemm._compile_gemm``. So
-``kernel_signature`` mirrors that plan build for a plain GEMM (no epilogue, no varlen):
-if the two drift apart the GPU process compiles in-process, which the harness detects
-and reports as a cache miss.
+``kernel_signature`` mirrors that plan build for a plain GEMM (no epilogue), dense or grouped
+(varlen M or varlen K, without gather): if the two drift apart the GPU process compiles
+in-process, which the harness detects and reports as a cache miss.
 
 ``cute.compile`` is not thread-safe: compile in processes (see ``tuner.workers``), each
 made GPU-blind by ``configure_gpu_blind`` before the first compile.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...space.config import ARCH_CAPACITY, KernelConfig
-from ...space.problem import GemmProblem
+from ...space.problem import GemmProblem, GroupedProblem, ProblemError
 
 DSL_ARCH = {"sm90": "sm_90a", "sm100": "sm_100a"}
 
@@ -28,28 +28,47 @@ DSL_ARCH = {"sm90": "sm_90a", "sm100": "sm_100a"}
 @dataclass(frozen=True)
 class KernelLayout:
     """Operand majors and batching as the kernel sees them, after quack's host-side routing
-    (swap_ab exchanges A and B and transposes D; B is passed (K, N) when not swapped)."""
+    (swap_ab exchanges A and B and transposes D; a dense B is passed (K, N) when not swapped,
+    a grouped one (N, K)), and the ragged dimension of a grouped GEMM ("m", "k"; None dense)."""
 
     a_major: str
     b_major: str
     d_major: str
     batched: bool
     b_kn: bool
+    varlen: str | None = None
 
 
-def kernel_layout(problem: GemmProblem, config: KernelConfig) -> KernelLayout:
-    """Mirror of quack.gemm_interface._gemm_execute's routing for a dense GEMM on sm90+."""
-    batched = problem.batch > 1 or config.split_k > 1  # dense 2D only without split-K
+def kernel_layout(problem: GemmProblem | GroupedProblem, config: KernelConfig) -> KernelLayout:
+    """Mirror of quack.gemm_interface's routing on sm90+ (gemm_tuned's checks, then
+    _gemm_execute's), for a dense or a grouped GEMM; ProblemError where quack refuses the
+    config before building a kernel."""
+    varlen = _grouped_varlen(problem, config) if isinstance(problem, GroupedProblem) else None
+    # Dense GEMMs are 2D unless batched or split; varlen ones are batched by their experts.
+    batched = varlen is not None or problem.batch > 1 or config.split_k > 1
     if not config.swap_ab:
-        # B stays (K, N) (b_kn): "n"-major when N is contiguous.
-        return KernelLayout(problem.a_major, problem.b_major, "n", batched, True)
+        # A dense B stays (K, N) (b_kn): "n"-major when N is contiguous. A varlen B crosses as
+        # B.mT, (E, N, K) or (N, total_K), the same logical label.
+        return KernelLayout(problem.a_major, problem.b_major, "n", batched, varlen is None, varlen)
     # Swapped: the kernel's A is B^T (N, K), its B is A (M, K), its D is D^T (N, M).
     a_major = "k" if problem.b_major == "k" else "m"
     b_major = "k" if problem.a_major == "k" else "n"
-    return KernelLayout(a_major, b_major, "m", batched, False)
+    return KernelLayout(a_major, b_major, "m", batched, False, varlen)
 
 
-def kernel_signature(problem: GemmProblem, config: KernelConfig) -> tuple:
+def _grouped_varlen(problem: GroupedProblem, config: KernelConfig) -> str:
+    """The grouped problem's ragged dimension, after quack's host checks of a varlen call (the
+    ``grouped_no_split_k`` and ``varlen_m_no_swap_ab`` rules state them too)."""
+    if config.split_k > 1:
+        raise ProblemError("quack refuses split-K on a grouped GEMM (_build_gemm_plan: "
+                           "'split_k requires a dense GEMM (no varlen_m/varlen_k/gather_A)')")
+    if problem.ragged == "m" and config.swap_ab:
+        raise ProblemError("quack refuses swap_ab on a varlen-M GEMM (gemm_tuned: "
+                           "'Variable-length sequences not supported with swap_ab')")
+    return problem.ragged
+
+
+def kernel_signature(problem: GemmProblem | GroupedProblem, config: KernelConfig) -> tuple:
     """Positional arguments of ``quack.gemm._compile_gemm`` for this plain GEMM, exactly as
     ``quack.gemm._build_gemm_plan`` passes them (the jit cache keys on them)."""
     import cutlass
@@ -75,7 +94,8 @@ def kernel_signature(problem: GemmProblem, config: KernelConfig) -> tuple:
         0, 0,                                   # alpha, beta modes (neutral)
         False,                                  # add_to_output
         (),                                     # concat layout
-        False, False, False, False, False,      # varlen_m, varlen_k, gather_A, tma_gather, permute
+        lay.varlen == "m", lay.varlen == "k",   # varlen_m, varlen_k
+        False, False, False,                    # gather_A, tma_gather, permute
         (ARCH_CAPACITY[problem.arch], 0),
         RoundingMode.RN,
         0,                                      # sr_seed mode
@@ -91,7 +111,8 @@ def kernel_signature(problem: GemmProblem, config: KernelConfig) -> tuple:
     )
 
 
-def kernel_object_path(problem: GemmProblem, config: KernelConfig, cache_root: str | None = None):
+def kernel_object_path(problem: GemmProblem | GroupedProblem, config: KernelConfig,
+                       cache_root: str | None = None):
     """Where quack's ``jit_cache`` keeps this kernel's object file: under ``cache_root`` (default:
     quack's cache root in this process), a folder per quack source fingerprint, a file per
     hash of the compile function's name and ``kernel_signature``."""
@@ -136,13 +157,15 @@ def configure_gpu_blind(arch: str, cache_dir: str | None = None) -> None:
         qcache.CACHE_DIR = cache_dir
 
 
-def signature_class(problem: GemmProblem, config: KernelConfig) -> tuple:
-    """Everything a compiled kernel depends on: problems of one class share kernels."""
+def signature_class(problem: GemmProblem | GroupedProblem, config: KernelConfig) -> tuple:
+    """Everything a compiled kernel depends on: problems of one class share kernels (a grouped
+    problem's class names its GEMM where a dense one's says whether it is batched)."""
+    shape = problem.gemm if isinstance(problem, GroupedProblem) else problem.batch > 1
     return (problem.arch, problem.dtype, problem.out_dtype, problem.a_major, problem.b_major,
-            problem.batch > 1, config.compile_key())
+            shape, config.compile_key())
 
 
-def compile_kernel(problem: GemmProblem, config: KernelConfig) -> float:
+def compile_kernel(problem: GemmProblem | GroupedProblem, config: KernelConfig) -> float:
     """Compile (or find in quack's disk cache) the kernel for ``config``; return seconds."""
     from quack.gemm import _compile_gemm
 

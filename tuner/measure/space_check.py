@@ -5,6 +5,10 @@ show per rule whether the compiler agrees (a rule that is a design choice says s
 docstring, and the compiler is expected to accept its points). Compiles run in an
 ``IsolatedPool`` so an abort or hang in ``cute.compile`` fails one config, not the run, and
 into a fresh quack disk cache by default so every kernel is really compiled.
+
+A check covers the dense family, or with ``gemm`` the grouped GEMM of that name (fwd and dgrad:
+varlen M, B K- or N-major; wgrad: varlen K). A grouped point quack refuses before compiling
+(split-K, swap_ab on varlen M) fails with quack's own message (``compile.kernel_layout``).
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from typing import Callable
 from ...artifacts import package_versions
 from ...space.config import KernelConfig
 from ...space.enumerate import check_arch, compile_keys, enumerate_configs, grid
-from ...space.problem import GemmProblem
-from ...space.rules import CONFIG_RULES, violations
+from ...space.problem import GemmProblem, GroupedProblem
+from ...space.rules import family_rules, violations
 
 from ..kernels.compile import DSL_ARCH, compile_kernel, configure_gpu_blind
 from .workers import IsolatedPool
@@ -32,11 +36,14 @@ REPORT_VERSION = 1
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the DSL colors its error text
 
 
-def check_problem(arch: str) -> GemmProblem:
+def check_problem(arch: str, gemm: str | None = None) -> GemmProblem | GroupedProblem:
     """The problem every check compiles for: bf16 in and out, both operands K-major (the
-    ``nn.Linear`` layout). M, N and K are run-time arguments of quack's kernel, so only the
-    dtypes, the majors and batching (implied by split-K) change what is compiled."""
-    return GemmProblem(4096, 4096, 4096, arch=check_arch(arch))
+    ``nn.Linear`` layout), or with ``gemm`` that grouped GEMM of 8 experts. M, N, K and the
+    experts are run-time arguments of quack's kernel, so only the dtypes, the majors, batching
+    (implied by split-K) and the ragged dimension change what is compiled."""
+    if gemm is None:
+        return GemmProblem(4096, 4096, 4096, arch=check_arch(arch))
+    return GroupedProblem(8, 4096, 4096, 4096, gemm=gemm, arch=check_arch(arch))
 
 
 @dataclass(frozen=True)
@@ -64,29 +71,32 @@ class CompileResult:
         return d
 
 
-def pick_valid(arch: str, sample: int | None, seed: int = 0) -> list[KernelConfig]:
-    """``sample`` distinct compiled kernels of the valid space (all of them when ``sample`` is
-    None or at least their number), in enumeration order."""
-    keys = compile_keys(enumerate_configs(arch))
+def pick_valid(arch: str, sample: int | None, seed: int = 0,
+               family: str = "dense") -> list[KernelConfig]:
+    """``sample`` distinct compiled kernels of the family's valid space (all of them when
+    ``sample`` is None or at least their number), in enumeration order."""
+    keys = compile_keys(enumerate_configs(arch, family=family))
     if sample is None or sample >= len(keys):
         return keys
     chosen = set(random.Random(seed).sample(range(len(keys)), sample))
     return [k for i, k in enumerate(keys) if i in chosen]
 
 
-def pick_rejected(arch: str, n: int, seed: int = 0) -> list[tuple[KernelConfig, tuple[str, ...]]]:
-    """``n`` distinct compile keys of grid points the config rules reject, drawn round-robin:
-    each round takes one point per rule among the points that break that rule alone (the
-    compiler's verdict on those is evidence about that rule), then one that breaks several."""
+def pick_rejected(arch: str, n: int, seed: int = 0,
+                  family: str = "dense") -> list[tuple[KernelConfig, tuple[str, ...]]]:
+    """``n`` distinct compile keys of grid points the family's config rules reject, drawn
+    round-robin: each round takes one point per rule among the points that break that rule
+    alone (the compiler's verdict on those is evidence about that rule), then one that breaks
+    several."""
     alone: dict[str, list[tuple[KernelConfig, tuple[str, ...]]]] = {}
     multi: list[tuple[KernelConfig, tuple[str, ...]]] = []
     seen: set[KernelConfig] = set()
-    for c in grid(arch):
+    for c in grid(arch, family):
         key = c.compile_key()
         if key in seen:
             continue
         seen.add(key)
-        broken = tuple(r.name for r in violations(key, arch))
+        broken = tuple(r.name for r in violations(key, arch, family=family))
         if len(broken) == 1:
             alone.setdefault(broken[0], []).append((key, broken))
         elif broken:
@@ -102,7 +112,7 @@ def pick_rejected(arch: str, n: int, seed: int = 0) -> list[tuple[KernelConfig, 
     return picked
 
 
-def _compile_task(task: tuple[GemmProblem, KernelConfig]) -> tuple[float, float]:
+def _compile_task(task: tuple[GemmProblem | GroupedProblem, KernelConfig]) -> tuple[float, float]:
     """(wall, CPU) seconds of one compile in a worker."""
     cpu0 = time.process_time()
     wall = compile_kernel(*task)
@@ -118,11 +128,11 @@ def compile_pool(arch: str, cache_dir: str, workers: int = 2,
 
 
 def compile_configs(pool: IsolatedPool, arch: str, configs: list[KernelConfig],
-                    on_result: Callable[[int, CompileResult], None] | None = None
-                    ) -> list[CompileResult]:
-    """Compile each config for ``check_problem(arch)`` in ``pool``; return one result per
-    config, in input order. ``on_result(done_count, result)`` sees progress."""
-    problem = check_problem(arch)
+                    on_result: Callable[[int, CompileResult], None] | None = None,
+                    gemm: str | None = None) -> list[CompileResult]:
+    """Compile each config for ``check_problem(arch, gemm)`` in ``pool``; return one result
+    per config, in input order. ``on_result(done_count, result)`` sees progress."""
+    problem = check_problem(arch, gemm)
     position = {pool.submit((problem, c)): i for i, c in enumerate(configs)}
     results: list[CompileResult | None] = [None] * len(configs)
     done = 0
@@ -164,13 +174,13 @@ def summarize(results: list[CompileResult], wall_s: float) -> dict:
     return s
 
 
-def rule_verdicts(arch: str, results: list[CompileResult]) -> dict[str, dict]:
-    """Per rule: how many of its rejected points (broken alone, or together with other rules)
-    the compiler also rejects. Only points a rule breaks alone speak about that rule."""
+def rule_verdicts(arch: str, results: list[CompileResult],
+                  family: str = "dense") -> dict[str, dict]:
+    """Per config rule of the family: how many of its rejected points (broken alone, or
+    together with other rules) the compiler also rejects. Only points a rule breaks alone
+    speak about that rule."""
     out: dict[str, dict] = {}
-    for rule in CONFIG_RULES:
-        if arch not in rule.arches:
-            continue
+    for rule in family_rules(family, arch, problem=False):
         alone = [r for r in results if r.broken_rules == (rule.name,)]
         shared = [r for r in results if rule.name in r.broken_rules and len(r.broken_rules) > 1]
         failed = sum(not r.ok for r in alone)
@@ -196,26 +206,29 @@ def _versions() -> dict:
 
 def run_check(arch: str, *, sample: int | None, seed: int = 0, workers: int = 2,
               rejected: int = 0, cache_dir: str | None = None, timeout_s: float = 300.0,
-              on_result: Callable[[int, CompileResult], None] | None = None) -> dict:
+              on_result: Callable[[int, CompileResult], None] | None = None,
+              gemm: str | None = None) -> dict:
     """Compile ``sample`` valid kernels (all when None) and ``rejected`` rule-rejected grid
-    points of ``arch``; return the JSON-ready report. Without ``cache_dir`` a temporary quack
-    cache is used and deleted, so every kernel is compiled from scratch."""
-    check_arch(arch)
+    points of ``arch``, dense or of the grouped ``gemm``; return the JSON-ready report.
+    Without ``cache_dir`` a temporary quack cache is used and deleted, so every kernel is
+    compiled from scratch."""
+    problem = check_problem(arch, gemm)
     if cache_dir is None:
         with tempfile.TemporaryDirectory(prefix="cutetune-space-check-") as tmp:
             return run_check(arch, sample=sample, seed=seed, workers=workers, rejected=rejected,
-                             cache_dir=tmp, timeout_s=timeout_s, on_result=on_result)
-    valid = pick_valid(arch, sample, seed)
-    picks = pick_rejected(arch, rejected, seed) if rejected else []
+                             cache_dir=tmp, timeout_s=timeout_s, on_result=on_result, gemm=gemm)
+    family = problem.family
+    valid = pick_valid(arch, sample, seed, family)
+    picks = pick_rejected(arch, rejected, seed, family) if rejected else []
     with compile_pool(arch, cache_dir, workers, timeout_s) as pool:
         t0 = time.perf_counter()
-        results = compile_configs(pool, arch, valid, on_result)
+        results = compile_configs(pool, arch, valid, on_result, gemm)
         wall = time.perf_counter() - t0
         t0 = time.perf_counter()
-        rej = compile_configs(pool, arch, [c for c, _ in picks])
+        rej = compile_configs(pool, arch, [c for c, _ in picks], gemm=gemm)
         rej_wall = time.perf_counter() - t0
     summary = summarize(results, wall)
-    all_keys = len(compile_keys(enumerate_configs(arch)))
+    all_keys = len(compile_keys(enumerate_configs(arch, family=family)))
     if "cpu_s_mean" in summary:
         # All kernels over 16 one-core workers: mean CPU seconds per compile (the wall seconds
         # of a shared or oversubscribed host would overstate it), assuming linear scaling.
@@ -223,9 +236,9 @@ def run_check(arch: str, *, sample: int | None, seed: int = 0, workers: int = 2,
             all_keys * summary["cpu_s_mean"] / 16 / 60, 1)
     report = {
         "report_version": REPORT_VERSION, "arch": arch, "dsl_arch": DSL_ARCH[arch],
-        "problem": check_problem(arch).to_dict(), "versions": _versions(),
+        "family": family, "problem": problem.to_dict(), "versions": _versions(),
         "host": {"cpu_count": os.cpu_count(), "machine": platform.machine()},
-        "valid_configs": len(enumerate_configs(arch)), "valid_kernels": all_keys,
+        "valid_configs": len(enumerate_configs(arch, family=family)), "valid_kernels": all_keys,
         "sample": len(valid), "seed": seed, "workers": workers, "timeout_s": timeout_s,
         "summary": summary,
         "failures": [r.to_dict() for r in results if not r.ok],
@@ -234,6 +247,7 @@ def run_check(arch: str, *, sample: int | None, seed: int = 0, workers: int = 2,
     if rejected:
         rej = [replace(r, broken_rules=broken) for r, (_, broken) in zip(rej, picks)]
         report["rejected"] = {"tried": len(rej), "compiler_rejects": sum(not r.ok for r in rej),
-                              "wall_s": round(rej_wall, 1), "rules": rule_verdicts(arch, rej),
+                              "wall_s": round(rej_wall, 1),
+                              "rules": rule_verdicts(arch, rej, family),
                               "results": [r.to_dict() for r in rej]}
     return report
