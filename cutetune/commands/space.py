@@ -12,6 +12,7 @@ from ..space.config import KernelConfig
 from ..space.enumerate import AXES, check_arch, compile_keys, enumerate_configs, grid
 from ..space.problem import ARCHES, SUPPORTED_DTYPES, GemmProblem
 from ..space.rules import CONFIG_RULES, PROBLEM_RULES, Rule, violations
+from ..cli import at_least, more_than
 
 ARCH_HELP = f"target architecture: {' or '.join(ARCHES)}"
 
@@ -57,8 +58,6 @@ def _table(rows: list[dict], columns: list[str]) -> str:
 # ---------------------------------------------------------------- show
 def cmd_show(args) -> int:
     arch = check_arch(args.arch)
-    if args.limit < 0:
-        raise ValueError(f"--limit must be >= 0, got {args.limit}")
     problem = _problem(args)
     rules = [r for r in CONFIG_RULES + PROBLEM_RULES if arch in r.arches]
     out: dict = {"arch": arch, "axes": {k: list(v) for k, v in AXES[arch].items()},
@@ -121,12 +120,6 @@ def cmd_count(args) -> int:
 # ---------------------------------------------------------------- check
 def cmd_check(args) -> int:
     arch = check_arch(args.arch)
-    for name in ("sample", "workers"):
-        v = getattr(args, name)
-        if v is not None and v < 1:
-            raise ValueError(f"--{name} must be >= 1, got {v}")
-    if args.rejected < 0:
-        raise ValueError(f"--rejected must be >= 0, got {args.rejected}")
     out = Path(args.out) if args.out else None
     if out is not None and not out.parent.is_dir():
         raise FileNotFoundError(f"--out folder {out.parent} does not exist")
@@ -197,7 +190,7 @@ def register(subparsers) -> None:
         "given --m --n --k, also the valid configs for that problem.")
     show.add_argument("--arch", default="sm90", help=ARCH_HELP + " (default sm90)")
     _add_problem_args(show)
-    show.add_argument("--limit", type=int, default=20, metavar="N",
+    show.add_argument("--limit", action=at_least(0), default=20, metavar="N",
                       help="list at most N configs (default 20, 0 for all; the count is exact)")
     show.add_argument("--json", action="store_true", help="print JSON instead of text")
     show.set_defaults(func=cmd_show)
@@ -218,17 +211,17 @@ def register(subparsers) -> None:
         "grid points the rules reject, to see per rule whether the compiler agrees. Exits 1 "
         "when a valid config fails to compile.")
     check.add_argument("--arch", default="sm90", help=ARCH_HELP + " (default sm90)")
-    check.add_argument("--sample", type=int, metavar="N",
+    check.add_argument("--sample", action=at_least(1), metavar="N",
                        help="compile this many distinct valid kernels (default: all of them)")
     check.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
-    check.add_argument("--workers", type=int, default=2, metavar="W",
+    check.add_argument("--workers", action=at_least(1), default=2, metavar="W",
                        help="compile processes (default 2; one per core is right)")
-    check.add_argument("--rejected", type=int, default=0, metavar="R",
+    check.add_argument("--rejected", action=at_least(0), default=0, metavar="R",
                        help="also compile R grid points the rules reject (default 0)")
     check.add_argument("--cache-dir", metavar="DIR",
                        help="quack kernel cache to fill (default: a fresh temporary one, so "
                        "every kernel is compiled from scratch)")
-    check.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+    check.add_argument("--timeout", action=more_than(0), default=300.0, metavar="SECONDS",
                        help="seconds before one compile counts as hung (default 300)")
     check.add_argument("--out", metavar="FILE", help="write the full JSON report to this file")
     check.add_argument("--quiet", action="store_true", help="no per-config progress on stderr")
