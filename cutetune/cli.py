@@ -29,7 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = parser.parse_args(argv)
+    except CutetuneError as e:  # an option's value refused by its action (commands/options.py)
+        command = next((a for a in argv if a in SUBCOMMANDS), None)
+        print(f"cutetune{' ' + command if command else ''}: error: {e}", file=sys.stderr)
+        return 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

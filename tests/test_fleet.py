@@ -23,6 +23,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from cutetune.errors import CutetuneError
 from cutetune.models import dataset
 from cutetune.space import GemmProblem, KernelConfig
 from cutetune.tuner.fleet import plan as fplan, queue as fqueue, run as frun
@@ -163,7 +164,7 @@ def _pg_url() -> str:
     else:
         try:
             fstorage.open_storage(url)
-        except ValueError as e:
+        except CutetuneError as e:
             why = f"PostgreSQL at CUTETUNE_TEST_PG_URL is unreachable: {e}"
     if why and os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(f"{why}; under CI=true the fleet test must run")

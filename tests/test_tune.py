@@ -13,7 +13,8 @@ from cutetune.space import GemmProblem, enumerate_configs, is_valid
 from cutetune.tuner.search.backends import GpuBackend, ReplayBackend
 from cutetune.tuner.search.samplers import (STRATEGIES, ModelGuidedSampler, RankedTimes,
     SpaceEncoding, make_sampler)
-from cutetune.tuner.search.study import Budget, open_storage, open_study, tune_study
+from cutetune.tuner.search.storage import open_storage
+from cutetune.tuner.search.study import Budget, open_study, tune_study
 from test_replay import ModelLikeScorer, synthetic_table
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -160,8 +161,9 @@ def test_cli_gpu_path_reports_cublas_and_appends(tmp_path, capsys, monkeypatch):
     import json
 
     from cutetune.models.dataset import load
-    from cutetune.tuner.measure import gpu_session
+    from cutetune.tuner.measure import gpu_session, timing
 
+    monkeypatch.setattr(timing, "require_gpu", lambda: 1)  # the GPU check passes
     table = synthetic_table([PROBLEM])
     rows = {r["config_key"]: r for r in table.to_pylist()}
     monkeypatch.setattr(gpu_session, "measure_configs",

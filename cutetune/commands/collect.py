@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..tuner.measure.collect import collect, load_problems
 from ..tuner.measure.timing import TimingPolicy
 from ..tuner.measure.collect import __doc__ as DOC
+from .options import at_least, more_than
 from . import fleet as fleet_cli
 
 
@@ -20,13 +21,13 @@ def register(sub) -> None:
     p.add_argument("--arch", default="sm90", choices=("sm90", "sm100"))
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit-problems", type=int, default=None, metavar="N",
+    p.add_argument("--limit-problems", action=at_least(1), default=None, metavar="N",
                    help="only the first N problems of the suite")
-    p.add_argument("--time-budget", type=float, default=1e9, metavar="S",
+    p.add_argument("--time-budget", action=more_than(0), default=1e9, metavar="S",
                    help="stop handing out new work after S seconds (resume later)")
-    p.add_argument("--compile-workers", type=int, default=None)
+    p.add_argument("--compile-workers", action=at_least(1), default=None)
     p.add_argument("--cache-dir", default=None, help="quack kernel cache (QUACK_CACHE_DIR)")
-    p.add_argument("--target-ms", type=float, default=TimingPolicy.target_ms,
+    p.add_argument("--target-ms", action=more_than(0), default=TimingPolicy.target_ms,
                    help="timed GPU milliseconds per measurement (sets the repeats)")
     p.add_argument("--stats", default=None, help="write throughput stats JSON here")
     fleet_cli.add_arguments(p)
@@ -38,6 +39,9 @@ def _run(args) -> int:
         from ..tuner.fleet.run import run_fleet
 
         return run_fleet(args)
+    from ..tuner.measure.timing import require_gpu
+
+    require_gpu()  # before the GPU worker starts
     problems = load_problems(args.problems, args.dtype, args.arch, args.seed)[:args.limit_problems]
     collect(problems, args.configs, args.out, seed=args.seed, time_budget_s=args.time_budget,
             compile_workers=args.compile_workers, cache_dir=args.cache_dir,

@@ -6,6 +6,7 @@ import json
 
 import optuna
 
+from .options import at_least
 from ..tuner.measure.collect import CHUNK
 from ..tuner.search.storage import GRACE_HEARTBEATS, open_storage
 from ..tuner.fleet.queue import _study
@@ -25,7 +26,7 @@ def add_arguments(p) -> None:
                    help="Optuna RDB storage: postgresql://USER@HOST/DB for many hosts, "
                         "sqlite:///FILE for one (default with --workers: an SQLite file in the "
                         "cutetune cache folder)")
-    g.add_argument("--workers", type=int, default=None, metavar="N",
+    g.add_argument("--workers", action=at_least(1), default=None, metavar="N",
                    help="worker processes on this host, worker i pinned to visible GPU i mod "
                         "count (default: one per visible GPU; 1 for a replay backend)")
     g.add_argument("--study", default=None,
@@ -33,14 +34,14 @@ def add_arguments(p) -> None:
                         "and seed)")
     g.add_argument("--backend", default="gpu",
                    help="gpu, or replay:PATH to answer items from a recorded dataset (no GPU)")
-    g.add_argument("--replay-delay", type=float, default=0.0, metavar="S",
+    g.add_argument("--replay-delay", action=at_least(0, float), default=0.0, metavar="S",
                    help="replay backend: seconds each item takes")
-    g.add_argument("--item-size", type=int, default=CHUNK, metavar="N",
+    g.add_argument("--item-size", action=at_least(1), default=CHUNK, metavar="N",
                    help="most configs in one work item (default %(default)s)")
-    g.add_argument("--heartbeat", type=int, default=20, metavar="S",
+    g.add_argument("--heartbeat", action=at_least(1), default=20, metavar="S",
                    help=f"seconds between a worker's heartbeats; a trial whose worker missed "
                         f"{GRACE_HEARTBEATS} is failed and queued again (default %(default)s)")
-    g.add_argument("--max-retry", type=int, default=3,
+    g.add_argument("--max-retry", action=at_least(0), default=3,
                    help="times one item is queued again after its worker died (default 3)")
 
 

@@ -6,17 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .options import at_least, more_than
 from ..models.heuristics import Heuristics, default_path
 from ..tuner.kernels import aot
-from ..tuner.kernels.prebuild import __doc__ as DOC, prebuild
 
 
 def register(sub) -> None:
     p = sub.add_parser("prebuild", help="build the fused SwiGLU kernels' libraries (no GPU)",
-                       description=DOC.split("\n\n")[0])
+                       description=__doc__.split("\n\n")[0])
     p.add_argument("--heuristics", help="heuristics file (default: the packaged sm90 bf16 one)")
-    p.add_argument("--workers", type=int, help="compile processes (default: cores - 1)")
-    p.add_argument("--timeout-s", type=float, default=1800.0)
+    p.add_argument("--workers", action=at_least(1), help="compile processes (default: cores - 1)")
+    p.add_argument("--timeout-s", action=more_than(0), default=1800.0)
     p.add_argument("--package", type=Path, metavar="ZIP",
                    help=f"also write the kernels' object files there (cutetune ships "
                         f"{aot.PACKAGE.name})")
@@ -24,6 +24,8 @@ def register(sub) -> None:
 
 
 def _run(args) -> int:
+    from ..tuner.kernels.prebuild import prebuild  # imports torch: not for the parser
+
     h = Heuristics.load(args.heuristics or default_path("sm90", "bf16"))
     summary = prebuild(h, args.workers, args.timeout_s, args.package)
     print(json.dumps(summary))

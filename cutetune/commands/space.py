@@ -14,6 +14,7 @@ from ..space.enumerate import axes, check_arch, compile_keys, enumerate_configs,
 from ..space.problem import (ARCHES, GROUPED_GEMMS, SUPPORTED_DTYPES, GemmProblem,
                              GroupedProblem, grouped_family)
 from ..space.rules import GROUPED, Rule, family_rules, violations
+from .options import at_least, more_than
 
 ARCH_HELP = f"target architecture: {' or '.join(ARCHES)}"
 GEMM_HELP = (f"a grouped (MoE expert) GEMM: {', '.join(GROUPED_GEMMS)} (varlen M: the forward "
@@ -82,8 +83,6 @@ def _table(rows: list[dict], columns: list[str]) -> str:
 # ---------------------------------------------------------------- show
 def cmd_show(args) -> int:
     arch = check_arch(args.arch)
-    if args.limit < 0:
-        raise ValueError(f"--limit must be >= 0, got {args.limit}")
     family = _family(args)
     problem = _problem(args)
     rules = family_rules(family, arch)
@@ -162,12 +161,6 @@ def cmd_count(args) -> int:
 # ---------------------------------------------------------------- check
 def cmd_check(args) -> int:
     arch = check_arch(args.arch)
-    for name in ("sample", "workers"):
-        v = getattr(args, name)
-        if v is not None and v < 1:
-            raise ValueError(f"--{name} must be >= 1, got {v}")
-    if args.rejected < 0:
-        raise ValueError(f"--rejected must be >= 0, got {args.rejected}")
     out = Path(args.out) if args.out else None
     if out is not None:
         if not out.parent.is_dir():
@@ -247,7 +240,7 @@ def register(subparsers) -> None:
     show.add_argument("--arch", default="sm90", help=ARCH_HELP + " (default sm90)")
     show.add_argument("--gemm", help=GEMM_HELP + "; default: a dense GEMM")
     _add_problem_args(show)
-    show.add_argument("--limit", type=int, default=20, metavar="N",
+    show.add_argument("--limit", action=at_least(0), default=20, metavar="N",
                       help="list at most N configs (default 20, 0 for all; the count is exact)")
     show.add_argument("--json", action="store_true", help="print JSON instead of text")
     show.set_defaults(func=cmd_show)
@@ -271,17 +264,17 @@ def register(subparsers) -> None:
     check.add_argument("--arch", default="sm90", help=ARCH_HELP + " (default sm90)")
     check.add_argument("--gemm", help=GEMM_HELP + "; its kernels are checked instead of the "
                        "dense ones")
-    check.add_argument("--sample", type=int, metavar="N",
+    check.add_argument("--sample", action=at_least(1), metavar="N",
                        help="compile this many distinct valid kernels (default: all of them)")
     check.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
-    check.add_argument("--workers", type=int, default=2, metavar="W",
+    check.add_argument("--workers", action=at_least(1), default=2, metavar="W",
                        help="compile processes (default 2; one per core is right)")
-    check.add_argument("--rejected", type=int, default=0, metavar="R",
+    check.add_argument("--rejected", action=at_least(0), default=0, metavar="R",
                        help="also compile R grid points the rules reject (default 0)")
     check.add_argument("--cache-dir", metavar="DIR",
                        help="quack kernel cache to fill (default: a fresh temporary one, so "
                        "every kernel is compiled from scratch)")
-    check.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+    check.add_argument("--timeout", action=more_than(0), default=300.0, metavar="SECONDS",
                        help="seconds before one compile counts as hung (default 300)")
     check.add_argument("--out", metavar="FILE", help="write the full JSON report to this file")
     check.add_argument("--quiet", action="store_true", help="no per-config progress on stderr")

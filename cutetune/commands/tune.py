@@ -13,10 +13,11 @@ from ..space.enumerate import enumerate_configs
 from ..space.problem import GemmProblem
 from ..tuner.search.backends import BenchmarkBackend, GpuBackend, ReplayBackend
 from ..tuner.search.samplers import STRATEGIES, RankedTimes, SpaceEncoding, make_sampler
+from ..tuner.search.storage import GRACE_HEARTBEATS, open_storage
 from ..tuner.search.study import (_MODEL_DEFAULTS, DEFAULT_TRIALS, Budget, TuneResult,
-                                  default_storage_url, open_storage, open_study, tune_study)
+                                  default_storage_url, open_study, tune_study)
 from .. import settings
-
+from .options import at_least, more_than
 
 
 def _gpu_backend() -> GpuBackend:
@@ -27,11 +28,11 @@ def _gpu_backend() -> GpuBackend:
     return GpuBackend(measure_configs)
 
 
-def _backend(spec: str) -> tuple[str, BenchmarkBackend]:
+def _backend(spec: str, replay_delay: float) -> tuple[str, BenchmarkBackend]:
     if spec == "gpu":
         return "gpu", _gpu_backend()
     if spec.startswith("replay:"):
-        return "replay", ReplayBackend(spec[len("replay:"):])
+        return "replay", ReplayBackend(spec[len("replay:"):], delay_s=replay_delay)
     raise ValueError(f"--backend must be 'gpu' or 'replay:PATH', got {spec!r}")
 
 
@@ -45,15 +46,22 @@ def _scorer(args, problem: GemmProblem):
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.workers > 1:  # several processes on one study: Optuna shares it through storage
-        from ..tuner.fleet.queue import run_pinned
-
-        return run_pinned(run, args)
     started = time.perf_counter()
+    # What can be refused is refused here, once, before any worker process starts.
     problem = GemmProblem(m=args.m, n=args.n, k=args.k, batch=args.batch, dtype=args.dtype,
                           out_dtype=args.out_dtype or args.dtype, a_major=args.a_major,
                           b_major=args.b_major, arch=args.arch)
-    kind, backend = _backend(args.backend)
+    # A trial whose process died is failed, not retried: the strategy decides again.
+    storage = open_storage(args.storage, heartbeat_s=args.heartbeat, max_retry=0)
+    if args.backend == "gpu":
+        from ..tuner.measure.timing import require_gpu
+
+        require_gpu()
+    if args.workers > 1:  # several processes on one study: Optuna shares it through storage
+        from ..tuner.fleet.run import run_pinned
+
+        return run_pinned(run, args)
+    kind, backend = _backend(args.backend, args.replay_delay)
     candidates = enumerate_configs(problem.arch, problem)
     if kind == "replay":
         recorded = {c.short() for c in backend.configs(problem)}
@@ -71,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
                            **model_options)
     name = args.study or f"cutetune:{problem.key()}:{args.strategy}:{kind}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = open_study(problem, encoding, sampler, open_storage(args.storage), name)
+    study = open_study(problem, encoding, sampler, storage, name)
     trials = args.trials if args.trials is not None else DEFAULT_TRIALS.get(args.strategy)
     budget = Budget(trials=trials, seconds=args.time_budget)
     new_rows: list[dict] = []
@@ -157,28 +165,35 @@ def register(subparsers) -> None:
     p.add_argument("--b-major", default="k", choices=("k", "n"))
     p.add_argument("--arch", default="sm90")
     p.add_argument("--strategy", default="model", choices=STRATEGIES)
-    p.add_argument("--workers", type=int, default=1, metavar="N",
+    p.add_argument("--workers", action=at_least(1), default=1, metavar="N",
                    help="processes tuning one study together; worker i pinned to visible GPU "
                         "i mod count, seeded --seed + i")
-    p.add_argument("--trials", type=int, default=None,
+    p.add_argument("--trials", action=at_least(1), default=None,
                    help="most trials this run (default 64 for model/tpe/random/cmaes; "
                         "the whole list for exhaustive/quack44/nvmmh)")
-    p.add_argument("--time-budget", type=float, default=None, metavar="S",
+    p.add_argument("--time-budget", action=more_than(0), default=None, metavar="S",
                    help="stop after S seconds of compile + benchmark time")
     p.add_argument("--storage", default=default_storage_url(),
-                   help="Optuna storage: journal:PATH or an RDB URL (default %(default)s)")
+                   help="Optuna storage: journal:PATH, sqlite:///FILE or postgresql://... "
+                        "(default %(default)s)")
+    p.add_argument("--heartbeat", action=at_least(1), default=5, metavar="S",
+                   help=f"seconds between heartbeats of the trial being measured; a trial "
+                        f"whose process missed {GRACE_HEARTBEATS} is failed, and its config "
+                        f"can be measured again (default %(default)s)")
     p.add_argument("--study", default=None,
                    help="study name (default cutetune:<problem>:<strategy>:<backend>); "
                         "an existing study resumes")
     p.add_argument("--backend", default="gpu", help="gpu, or replay:PATH to answer from a "
                    "recorded dataset on the CPU")
+    p.add_argument("--replay-delay", action=at_least(0, float), default=0.0, metavar="S",
+                   help="replay backend: seconds each measurement takes (stands in for the GPU)")
     p.add_argument("--dataset", default=str(settings.cache_dir() / "tune_dataset"),
                    help="dataset folder that GPU measurements are appended to")
     p.add_argument("--model", default=None, help="cost model file (default: the packaged one)")
-    p.add_argument("--margin", type=float, default=None,
+    p.add_argument("--margin", action=at_least(0, float), default=None,
                    help="model strategy: prune configs predicted more than this fraction "
                         f"slower than the best measured (default {_MODEL_DEFAULTS['margin']})")
-    p.add_argument("--min-gain", type=float, default=None,
+    p.add_argument("--min-gain", action=at_least(0, float), default=None,
                    help="model strategy: stop when the expected relative gain is below this "
                         f"(default {_MODEL_DEFAULTS['min_gain']})")
     p.add_argument("--seed", type=int, default=0)

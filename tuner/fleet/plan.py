@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from ...space.config import KernelConfig
 from ...space.problem import GemmProblem
 from ..measure.collect import configs_for
+from ..search.storage import HOLDER_ATTR as WORKER_ATTR
 
 PLAN_ATTR = "cutetune_plan"
-ITEM_ATTR, ROWS_ATTR, WORKER_ATTR, ERROR_ATTR = "item", "rows_z", "worker", "error"
+ITEM_ATTR, ROWS_ATTR, ERROR_ATTR = "item", "rows_z", "error"
 PLAN_VERSION = 1
 
 

@@ -22,8 +22,6 @@ the COMPLETE trials into a cutetune dataset.
 from __future__ import annotations
 
 import base64
-import fcntl
-import hashlib
 import json
 import os
 import random
@@ -31,37 +29,11 @@ import zlib
 from contextlib import nullcontext
 
 import optuna
-from contextlib import contextmanager
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
+from ..search.storage import study_lock
 from .plan import ITEM_ATTR, PLAN_ATTR, Plan, Work
-
-@contextmanager
-def study_lock(storage: optuna.storages.RDBStorage, name: str):
-    """Serialize planning, enqueueing and the stale sweep of one study across processes and
-    hosts: a PostgreSQL session advisory lock (released if the holder dies), or an exclusive
-    file lock beside an SQLite file."""
-    engine = storage.engine
-    if engine.dialect.name == "postgresql":
-        from sqlalchemy import text
-
-        key = int.from_bytes(hashlib.sha256(f"cutetune:{name}".encode()).digest()[:8], "big",
-                             signed=True)
-        with engine.connect() as conn:
-            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
-            try:
-                yield
-            finally:
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
-        return
-    db = engine.url.database
-    if not db or db == ":memory:":  # one process owns an in-memory database
-        yield
-        return
-    with open(f"{db}.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield
 
 
 def _study(storage, name: str, create: bool) -> optuna.Study:

@@ -15,7 +15,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ...models import dataset
 from ..kernels.compile import kernel_cache_dir
+from ...errors import UserError
 from ..measure.collect import configs_for, load_problems
+from ..measure.timing import require_gpu
 from ..search.storage import open_storage, safe_url
 from .plan import ITEM_ATTR, PLAN_ATTR, Plan, ROWS_ATTR, WORKER_ATTR, Work, plan_items
 from .queue import decode_rows, prepare
@@ -139,19 +141,16 @@ def run_fleet(args) -> int:
     """`cutetune collect` in fleet mode: plan or join, run the workers, export."""
     if args.backend != "gpu" and not args.backend.startswith("replay:"):
         raise ValueError(f"--backend must be 'gpu' or 'replay:PATH', got {args.backend!r}")
-    if args.item_size < 1 or args.heartbeat < 1 or args.max_retry < 0:
-        raise ValueError("--item-size and --heartbeat must be at least 1, --max-retry at least 0")
+    url = args.storage or default_storage()
+    if url.startswith("journal:"):
+        raise UserError("a fleet queue needs sqlite:///FILE (one host) or postgresql://... "
+                        "(many hosts), not a journal file")
     if args.backend == "gpu":
+        require_gpu()  # here, not in each worker process
         gpus = visible_gpus()
-        if not gpus:
-            raise ValueError("no GPU is visible: collect on a GPU host, or pass "
-                             "--backend replay:PATH")
     else:
         gpus = [None]
     n = args.workers if args.workers is not None else len(gpus)
-    if n < 1:
-        raise ValueError("--workers must be at least 1")
-    url = args.storage or default_storage()
     problems = load_problems(args.problems, args.dtype, args.arch, args.seed)[:args.limit_problems]
     spec_problems = args.problems + (f"[:{args.limit_problems}]" if args.limit_problems else "")
     configs: str | tuple = args.configs

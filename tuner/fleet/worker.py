@@ -4,25 +4,23 @@ trial, with a heartbeat that lets other workers re-queue the item if this one di
 from __future__ import annotations
 
 import os
-import socket
 import sys
-import threading
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Protocol
 
 import optuna
-from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from ...models import dataset
 from ...space.config import KernelConfig
 from ..measure.executor import Done, GpuExecutor
 from ..measure.timing import TimingPolicy
-from ..search.storage import open_storage
+from ..search.storage import (Heartbeat, fail_stale_trials, holder_name, open_storage,
+    study_lock)
 from .plan import ERROR_ATTR, ITEM_ATTR, PLAN_ATTR, Plan, ROWS_ATTR, WORKER_ATTR, WorkItem
-from .queue import Claimer, _study, encode_rows, study_lock
+from .queue import Claimer, _study, encode_rows
 
 # ---------------------------------------------------------------- executors
 class Executor(Protocol):
@@ -94,21 +92,6 @@ class WorkerSpec:
     replay_delay_s: float = 0.0
 
 
-class _Heartbeat(threading.Thread):
-    def __init__(self, storage, held: dict, interval: float):
-        super().__init__(daemon=True)
-        self.storage, self.held, self.interval = storage, held, interval
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.wait(self.interval):
-            for tid in list(self.held):
-                try:
-                    self.storage.record_heartbeat(tid)
-                except Exception as e:  # a database hiccup: the next beat may succeed
-                    print(f"fleet: heartbeat of trial {tid} failed: {e}", file=sys.stderr)
-
-
 def _executor(spec: WorkerSpec, plan: Plan) -> Executor:
     if spec.backend.startswith("replay:"):
         keys = {it.problem.key() for it in plan.items.values()}
@@ -128,9 +111,9 @@ def work(spec: WorkerSpec) -> dict:
     if stored is None:
         raise ValueError(f"study {spec.study!r} has no cutetune plan")
     plan = Plan.from_json(stored)
-    name = f"{socket.gethostname()}:{os.getpid()}"
+    name = holder_name()
     held: dict[int, str] = {}
-    beat = _Heartbeat(storage, held, spec.heartbeat_s)
+    beat = Heartbeat(storage, held, spec.heartbeat_s)
     beat.start()
     executor = _executor(spec, plan)
     stats = {"worker": name, "items": 0, "rows": 0, "failed": 0, "dropped": 0}
@@ -139,9 +122,8 @@ def work(spec: WorkerSpec) -> dict:
         while True:
             if time.monotonic() - last_sweep >= spec.heartbeat_s:
                 last_sweep = time.monotonic()
-                with study_lock(storage, spec.study), warnings.catch_warnings():
-                    warnings.simplefilter("ignore", ExperimentalWarning)
-                    optuna.storages.fail_stale_trials(study)
+                with study_lock(storage, spec.study):
+                    fail_stale_trials(study)
             while time.time() < spec.deadline and executor.room():
                 claimed = claim()
                 if claimed is None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...artifacts import environment
+from ...errors import CutetuneError
 from ...space.config import KernelConfig
 from ...space.problem import DTYPE_BYTES, GemmProblem
 
@@ -44,6 +45,34 @@ class MeasureTask:
     configs: tuple[KernelConfig, ...]
     cublas: bool = False
     policy: TimingPolicy = field(default_factory=TimingPolicy)
+
+
+def require_gpu() -> int:
+    """How many CUDA devices this process sees; CutetuneError("no CUDA GPU: <why>") if none.
+    Commands call it before they spawn GPU workers, whose start-up would otherwise each fail
+    with a traceback. Counting devices creates no CUDA context."""
+    import warnings
+
+    import torch
+
+    if torch.version.cuda is None:
+        why = f"torch {torch.__version__} is built without CUDA"
+    else:
+        with warnings.catch_warnings(record=True) as caught:  # torch says why as a warning
+            warnings.simplefilter("always")
+            n = torch.cuda.device_count()
+        if n:
+            return n
+        said = [str(w.message) for w in caught if "CUDA" in str(w.message)]
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if said:
+            why = said[0].split(" (Triggered internally")[0].removeprefix("CUDA initialization: ")
+        elif visible is not None:
+            why = f"CUDA_VISIBLE_DEVICES={visible!r} hides every device"
+        else:
+            why = "torch finds no CUDA device"
+    raise CutetuneError(f"no CUDA GPU: {why.strip()} (--backend replay:PATH answers from a "
+                        f"recorded dataset instead)")
 
 
 # ------------------------------------------------------------------ worker-process state

@@ -65,11 +65,13 @@ class ReplayError(KeyError):
         return str(self.args[0])
 
 
+# What a compiled kernel depends on besides the config's compile key: quack compiles against
+# symbolic shapes, so the operand dtypes and majors, never M/N/K.
+_KERNEL_FIELDS = ("arch", "dtype", "out_dtype", "a_major", "b_major")
+
+
 def _kernel_key(problem: GemmProblem, config: KernelConfig) -> tuple:
-    """What a compiled kernel depends on: quack compiles against symbolic shapes, so the
-    operand dtypes and majors and the config's compile key, never M/N/K."""
-    p = problem
-    return (p.arch, p.dtype, p.out_dtype, p.a_major, p.b_major, config.compile_key())
+    return (*(getattr(problem, f) for f in _KERNEL_FIELDS), config.compile_key())
 
 
 @dataclass(frozen=True)
@@ -89,31 +91,50 @@ class ReplayBackend:
     cold build a fresh tuning run pays. Benchmark cost is the recorded time times the
     recorded repetitions plus BENCH_OVERHEAD_S (an estimate). Each instance remembers the
     kernels it has built; ``fresh()`` starts another tuning run on the same records.
+    ``delay_s``: wall seconds each ``measure`` call sleeps, standing in for the GPU's time
+    (to watch several processes share a study, or to interrupt one mid-measurement).
     """
 
-    def __init__(self, data: pa.Table | str | os.PathLike, backend: str = "quack"):
+    def __init__(self, data: pa.Table | str | os.PathLike, backend: str = "quack",
+                 delay_s: float = 0.0):
+        self.delay_s = delay_s
         table = data if isinstance(data, pa.Table) else load(data)
         table = table.filter(pc.equal(table.column("backend"), backend))
         if table.num_rows == 0:
             raise ReplayError(f"the dataset has no {backend!r} rows to replay")
-        rows = table.select(["problem_key", "timestamp", "status", "time_ms", "compile_s",
-                             "n_reps", *PROBLEM_COLUMNS, *CONFIG_COLUMNS]).to_pylist()
-        rows.sort(key=lambda r: r["timestamp"] or 0.0)
-        self._problems: dict[str, GemmProblem] = {}
+        table = table.select(["problem_key", "timestamp", "status", "time_ms", "compile_s",
+                              "n_reps", *PROBLEM_COLUMNS, *CONFIG_COLUMNS])
+        # oldest first (no timestamp counts as 0), stable: a later row of a config wins
+        table = table.take(pc.sort_indices(pc.fill_null(table.column("timestamp"), 0.0)))
+        # A problem's rows become RecordedRows when it is first asked for: a tuning run asks
+        # for one problem of the hundreds a dataset holds.
+        self._table = table
+        self._where: dict[str, list[int]] = {}
+        for i, pk in enumerate(table.column("problem_key").to_pylist()):
+            self._where.setdefault(pk, []).append(i)
+        firsts = table.take([idx[0] for idx in self._where.values()]).to_pylist()
+        self._problems = {r["problem_key"]: problem_of(r) for r in firsts}
         self._rows: dict[str, dict[KernelConfig, RecordedRow]] = {}
         self._compile_s: dict[tuple, float] = {}
-        for r in rows:
-            pk = r["problem_key"]
-            if pk not in self._problems:
-                self._problems[pk] = problem_of(r)
+        kernels = table.group_by([*_KERNEL_FIELDS, *CONFIG_COLUMNS]).aggregate(
+            [("compile_s", "max")])
+        for r in kernels.to_pylist():
             config = KernelConfig.from_dict({c: r[c] for c in CONFIG_COLUMNS})
-            compile_s = float(r["compile_s"] or 0.0)
-            self._rows.setdefault(pk, {})[config] = RecordedRow(
-                r["status"], r["time_ms"] if r["status"] == "ok" else None, compile_s,
-                int(r["n_reps"] or DEFAULT_REPS))
-            kk = _kernel_key(self._problems[pk], config)
-            self._compile_s[kk] = max(self._compile_s.get(kk, 0.0), compile_s)
+            kk = (*(r[f] for f in _KERNEL_FIELDS), config.compile_key())
+            self._compile_s[kk] = max(self._compile_s.get(kk, 0.0),
+                                      float(r["compile_s_max"] or 0.0))
         self._built: set[tuple] = set()
+
+    def _problem_rows(self, pk: str) -> dict[KernelConfig, RecordedRow]:
+        if pk not in self._rows and pk in self._where:
+            rows = {}
+            for r in self._table.take(self._where[pk]).to_pylist():
+                config = KernelConfig.from_dict({c: r[c] for c in CONFIG_COLUMNS})
+                rows[config] = RecordedRow(r["status"], r["time_ms"] if r["status"] == "ok"
+                                           else None, float(r["compile_s"] or 0.0),
+                                           int(r["n_reps"] or DEFAULT_REPS))
+            self._rows[pk] = rows
+        return self._rows.get(pk, {})
 
     def fresh(self) -> "ReplayBackend":
         """The same records with no kernel built yet: the start of another tuning run."""
@@ -126,13 +147,13 @@ class ReplayBackend:
 
     def configs(self, problem: GemmProblem) -> list[KernelConfig]:
         """Configs recorded for ``problem`` (any status)."""
-        return list(self._rows.get(problem.key(), {}))
+        return list(self._problem_rows(problem.key()))
 
     def recorded(self, problem: GemmProblem, config: KernelConfig) -> RecordedRow:
         try:
-            return self._rows[problem.key()][config]
+            return self._problem_rows(problem.key())[config]
         except KeyError:
-            what = "problem" if problem.key() not in self._rows else f"config {config.short()}"
+            what = "problem" if problem.key() not in self._where else f"config {config.short()}"
             raise ReplayError(f"{what} not recorded for {problem.key()} in the replayed "
                               f"dataset") from None
 
@@ -144,6 +165,8 @@ class ReplayBackend:
         return BENCH_OVERHEAD_S + (rec.time_ms or 0.0) * rec.n_reps / 1e3
 
     def measure(self, problem: GemmProblem, configs: list[KernelConfig]) -> list[Measurement]:
+        if self.delay_s:
+            time.sleep(self.delay_s)
         out = []
         for config in configs:
             rec = self.recorded(problem, config)

@@ -26,7 +26,7 @@ import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution, IntDistribution
 from optuna.samplers import BaseSampler, RandomSampler
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 from scipy.stats import norm
 
 from ...space.config import KernelConfig
@@ -109,6 +109,7 @@ class ProposingSampler(BaseSampler):
 
     One instance serves one study. ``next_config`` returns None when the strategy is done,
     with the reason in ``stop_reason``; the tuning loop checks it before asking for a trial.
+    A config that a RUNNING trial holds (another process measuring it) is not picked again.
     """
 
     def __init__(self, encoding: SpaceEncoding, seed: int = 0):
@@ -116,29 +117,52 @@ class ProposingSampler(BaseSampler):
         self.stop_reason = ""
         self._fallback = RandomSampler(seed=seed)
         self._seen: dict[str, tuple[str, float | None]] = {}
-        self._scanned = 0
-        self._choice: tuple[int, KernelConfig | None] | None = None
+        self._scanned = 0  # every trial before this one is finished and read
+        self._read_early: set[int] = set()  # finished trials read past _scanned
+        self._n_read = 0
+        self._busy: frozenset[str] = frozenset()
+        self._choice: tuple[tuple, KernelConfig | None] | None = None
 
     def next_config(self, study: optuna.Study) -> KernelConfig | None:
-        """The config to measure next (None: done). Cached until a trial finishes, since the
-        loop's stop check and the trial's sampling both ask."""
+        """The config to measure next (None: done). Cached until a trial finishes or starts,
+        since the loop's stop check and the trial's sampling both ask."""
         seen = self.seen(study)
-        if self._choice is None or self._choice[0] != self._scanned:
-            self._choice = (self._scanned, self._choose(seen))
+        state = (self._n_read, self._busy)
+        if self._choice is None or self._choice[0] != state:
+            self._choice = (state, self._choose(seen, self._busy))
         return self._choice[1]
 
-    def _choose(self, seen: dict[str, tuple[str, float | None]]) -> KernelConfig | None:
+    def _choose(self, seen: dict[str, tuple[str, float | None]],
+                busy: frozenset[str]) -> KernelConfig | None:
         raise NotImplementedError
 
     def seen(self, study: optuna.Study) -> dict[str, tuple[str, float | None]]:
-        """config_key -> (status, time_ms) of every finished trial, read incrementally."""
+        """config_key -> (status, time_ms) of every finished trial, read incrementally (a
+        trial still running is read once it finishes); also notes the configs that RUNNING
+        trials hold."""
         trials = study.get_trials(deepcopy=False)
         while self._scanned < len(trials) and trials[self._scanned].state.is_finished():
-            attrs = trials[self._scanned].user_attrs
-            if ATTR_KEY in attrs:
-                self._seen[attrs[ATTR_KEY]] = (attrs.get(ATTR_STATUS, ""), attrs.get(ATTR_TIME))
+            t = trials[self._scanned]
+            if t.number in self._read_early:
+                self._read_early.discard(t.number)
+            else:
+                self._read(t)
             self._scanned += 1
+        busy = set()
+        for t in trials[self._scanned:]:
+            if t.state.is_finished() and t.number not in self._read_early:
+                self._read_early.add(t.number)
+                self._read(t)
+            elif t.state == TrialState.RUNNING and len(t.params) == len(self.encoding.axes):
+                busy.add(self.encoding.decode(t.params).short())
+        self._busy = frozenset(busy)
         return self._seen
+
+    def _read(self, trial: FrozenTrial) -> None:
+        attrs = trial.user_attrs
+        if ATTR_KEY in attrs:
+            self._seen[attrs[ATTR_KEY]] = (attrs.get(ATTR_STATUS, ""), attrs.get(ATTR_TIME))
+        self._n_read += 1
 
     def infer_relative_search_space(self, study, trial) -> dict[str, BaseDistribution]:
         return self.encoding.distributions()
@@ -160,13 +184,17 @@ class ListSampler(ProposingSampler):
         self.configs = [c for c in dict.fromkeys(configs) if c.short() in encoding.index]
         self._pos = 0
 
-    def _choose(self, seen):
+    def _choose(self, seen, busy):
         while self._pos < len(self.configs) and self.configs[self._pos].short() in seen:
             self._pos += 1
         if self._pos == len(self.configs):
             self.stop_reason = f"measured all {len(self.configs)} listed configs"
             return None
-        return self.configs[self._pos]
+        config = next((c for c in self.configs[self._pos:]
+                       if c.short() not in seen and c.short() not in busy), None)
+        if config is None:
+            self.stop_reason = "the listed configs left are being measured by other processes"
+        return config
 
 
 class ModelGuidedSampler(ProposingSampler):
@@ -238,21 +266,26 @@ class ModelGuidedSampler(ProposingSampler):
         var = np.maximum(tau2 - (v * v).sum(0), 1e-12)
         return base + cross @ alpha, np.sqrt(var)
 
-    def _choose(self, seen):
+    def _choose(self, seen, busy):
         index = self.encoding.index
         done = np.zeros(len(self.prior), bool)
         done[[index[k] for k in seen if k in index]] = True
         if done.all():
             self.stop_reason = "measured every candidate"
             return None
+        free = ~done
+        free[[index[k] for k in busy if k in index]] = False
+        if not free.any():
+            self.stop_reason = "the candidates left are being measured by other processes"
+            return None
         ok = [(index[k], math.log(t)) for k, (s, t) in seen.items()
               if s == "ok" and t is not None and k in index]
         if not ok:  # nothing to compare against yet: the model's best unmeasured pick
-            return self.encoding.candidates[int(np.argmin(np.where(done, np.inf, self.prior)))]
+            return self.encoding.candidates[int(np.argmin(np.where(free, self.prior, np.inf)))]
         idx, y = (np.array(v) for v in zip(*ok))
         mu, sd = self.posterior(idx.astype(int), y)
         best = float(y.min())
-        eligible = ~done & (mu - sd <= best + math.log1p(self.margin))
+        eligible = free & (mu - sd <= best + math.log1p(self.margin))
         if not eligible.any():
             self.stop_reason = f"no candidate predicted within {self.margin:.0%} of the best"
             return None
