@@ -20,9 +20,13 @@ import pyarrow.parquet as pq
 from ..artifacts import write_atomic
 from ..errors import ArtifactError
 from ..space.config import KernelConfig
-from ..space.problem import GemmProblem
+from ..space.problem import GemmProblem, GroupedProblem
 
-SCHEMA_VERSION = 1
+# 2: grouped (MoE expert) GEMMs: experts, gemm and the rows' split among the experts; the
+# dense columns batch, a_major and b_major are null on their rows. A part of version 1 reads
+# as version 2 with those columns null.
+SCHEMA_VERSION = 2
+ADDED_IN = {2: ("experts", "gemm", "expert_counts")}
 
 PROBLEM_COLUMNS = ("arch", "m", "n", "k", "batch", "dtype", "out_dtype", "a_major", "b_major")
 CONFIG_COLUMNS = tuple(f.name for f in fields(KernelConfig))
@@ -46,6 +50,7 @@ SCHEMA = pa.schema([
     ("m", pa.int64()), ("n", pa.int64()), ("k", pa.int64()), ("batch", pa.int32()),
     ("dtype", pa.string()), ("out_dtype", pa.string()),
     ("a_major", pa.string()), ("b_major", pa.string()),
+    ("experts", pa.int32()), ("gemm", pa.string()),
     # what ran: backend "quack" with a config, or "cublas" (torch.mm) with null config columns
     ("backend", pa.string()),
     ("config_key", pa.string()),
@@ -62,11 +67,16 @@ SCHEMA = pa.schema([
     ("time_ms_p80", pa.float64()),
     ("n_reps", pa.int32()),
     ("rel_err", pa.float64()),
+    ("expert_counts", pa.string()),  # grouped: the JSON list of rows (or K) per expert
 ])
 
 
-def problem_of(row) -> GemmProblem:
-    """The GemmProblem a dataset row measured (sizes come back from Parquet as ints)."""
+def problem_of(row) -> GemmProblem | GroupedProblem:
+    """The problem a dataset row measured (sizes come back from Parquet as ints)."""
+    if row.get("experts") is not None:
+        return GroupedProblem(int(row["experts"]), int(row["m"]), int(row["n"]), int(row["k"]),
+                              gemm=row["gemm"], dtype=row["dtype"], out_dtype=row["out_dtype"],
+                              arch=row["arch"])
     return GemmProblem(**{c: (int(row[c]) if c in ("m", "n", "k", "batch") else row[c])
                           for c in PROBLEM_COLUMNS})
 
@@ -122,14 +132,15 @@ def load(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
             t = pq.read_table(f, columns=columns)
         except Exception as e:  # pyarrow raises several types for damaged files
             raise DatasetError(f"corrupt dataset part {f}: {e}") from e
+        versions = (set(t.column("schema_version").to_pylist())
+                    if "schema_version" in t.column_names else {SCHEMA_VERSION})
+        if versions - set(range(1, SCHEMA_VERSION + 1)):
+            raise DatasetError(f"dataset part {f} has schema version {sorted(versions)}; "
+                               f"this cutetune reads versions 1 to {SCHEMA_VERSION}")
+        t = _migrated(t, min(versions), columns)
         missing = set(columns or SCHEMA.names) - set(t.column_names)
         if missing:
             raise DatasetError(f"dataset part {f} lacks columns {sorted(missing)}")
-        if "schema_version" in t.column_names:
-            versions = set(t.column("schema_version").to_pylist())
-            if versions - {SCHEMA_VERSION}:
-                raise DatasetError(f"dataset part {f} has schema version {sorted(versions)}; "
-                                   f"this cutetune reads version {SCHEMA_VERSION}")
         tables.append(_checked(f, t))
     table = pa.concat_tables(tables)
     if columns is None or set(KEY_COLUMNS) <= set(columns):
@@ -143,6 +154,16 @@ def load(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
         if len(keep) < len(table):
             table = table.take(keep)
     return table
+
+
+def _migrated(t: pa.Table, version: int, columns: list[str] | None) -> pa.Table:
+    """A part of an older schema version with the columns added since (of ``columns``, where
+    given) as nulls."""
+    for v in range(version + 1, SCHEMA_VERSION + 1):
+        for name in ADDED_IN[v]:
+            if name not in t.column_names and (columns is None or name in columns):
+                t = t.append_column(SCHEMA.field(name), pa.nulls(len(t), SCHEMA.field(name).type))
+    return t.select([n for n in SCHEMA.names if n in t.column_names])  # the schema's order
 
 
 def _checked(f: Path, t: pa.Table) -> pa.Table:

@@ -5,6 +5,11 @@
 #   train       sampled configs on the train suite  -> dataset, until the deadline
 #   exhaustive  every valid config on 40 problems   -> dataset, until the deadline
 #   repeat      a fixed set measured again          -> second dataset (timing-noise report)
+#   gpu_tests   every test marked gpu               -> $OUT/gpu_tests_all.log
+#   grouped_tests  the grouped harness's GPU tests  -> $OUT/gpu_tests_grouped.log
+#   grouped_fwd    MoE forward GEMMs: every config of the cheaper ones, a sample of the rest
+#   grouped_rest   the input and weight gradients' GEMMs, sampled
+#                  (grouped: -> the dataset h200_bf16_grouped; scripts/grouped_plan.py splits)
 # Data and quack's kernel cache live under /tmp so they survive between calls on one warm
 # machine; each stage ends by packing the dataset into $OUT.
 set -uo pipefail
@@ -15,7 +20,14 @@ mkdir -p "$ROOT" "$QUACK_CACHE_DIR" "$OUT"
 left() { echo $(( DEADLINE - $(date +%s) - ${1:-40} )); }
 pack() { tar -C "$ROOT" -czf "$OUT/datasets.tgz" . ; ls -la "$OUT"; }
 # Resume from the committed dataset when this machine has none yet.
-[ -d "$ROOT/h200_bf16" ] || { [ -d data/h200_bf16 ] && cp -r data/h200_bf16 "$ROOT/"; }
+case " $* " in *" train "*|*" exhaustive "*|*" repeat "*)
+  [ -d "$ROOT/h200_bf16" ] || { [ -d data/h200_bf16 ] && cp -r data/h200_bf16 "$ROOT/"; } ;; esac
+PLAN=/tmp/grouped-plan
+grouped() {  # grouped PROBLEMS-FILE CONFIGS BUDGET-S NAME
+  [ -f "$PLAN/$1" ] || python scripts/grouped_plan.py --out "$PLAN" > /dev/null
+  python -m cutetune collect --problems "$PLAN/$1" --configs "$2" --out "$ROOT/h200_bf16_grouped" \
+    --time-budget "$3" --stats "$OUT/collect_$4_stats.json" 2>&1 | tail -n 4
+}
 # Seconds reserved for the stages after train, so that a long train stage cannot starve them.
 AFTER_TRAIN=${CUTETUNE_AFTER_TRAIN_S:-330}
 for stage in "$@"; do
@@ -30,6 +42,17 @@ for stage in "$@"; do
     exhaustive)
       python -m cutetune collect --problems exhaustive --configs all --target-ms 1 --out "$ROOT/h200_bf16" \
         --time-budget "$(left 90)" --stats "$OUT/collect_exhaustive_stats.json" 2>&1 | tail -n 30 ;;
+    gpu_tests)
+      python -m pytest -m gpu tests -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_all.log" | tail -n 15 ;;
+    grouped_tests)
+      python -m pytest -m gpu tests/test_grouped_gpu.py -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_grouped.log" \
+        || { echo "grouped GPU tests failed: stopping before collection"; exit 1; } ;;
+    grouped_fwd)
+      grouped exhaustive_fwd.json all "$(( $(left 150) ))" fwd_exhaustive
+      grouped sampled_fwd.json sample:48 "$(left 30)" fwd_sampled ;;
+    grouped_rest)
+      grouped sampled_dgrad.json sample:32 "$(( $(left 30) / 2 ))" dgrad_sampled
+      grouped sampled_wgrad.json sample:32 "$(left 30)" wgrad_sampled ;;
     repeat)
       python -m cutetune collect --problems train --configs sample:20 --limit-problems 30 \
         --out "$ROOT/h200_bf16_repeat" --time-budget "$(left 30)" \

@@ -151,7 +151,8 @@ def test_committed_h200_datasets_load_with_the_schema_and_coverage():
     for name in ("h200_bf16", "h200_bf16_repeat", "h200_bf16_tune"):
         table = dataset.load(os.path.join(COMMITTED, name))
         assert table.schema.names == dataset.SCHEMA.names, name
-        assert set(table.column("schema_version").to_pylist()) == {dataset.SCHEMA_VERSION}
+        # measured under schema version 1, read as the current version (grouped columns null)
+        assert set(table.column("schema_version").to_pylist()) == {1}
         for col in ("device_name", "sm_count", "driver", "cuda", "torch_version",
                     "cutlass_dsl_version", "quack_version", "timestamp"):
             assert table.column(col).null_count == 0, (name, col)
@@ -188,3 +189,59 @@ def test_kernel_cache_follows_cutetunes_cache_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("QUACK_CACHE_DIR", str(tmp_path / "q"))
     assert kernel_cache_dir() == str(tmp_path / "q")
     assert kernel_cache_dir(str(tmp_path / "x")) == str(tmp_path / "x")
+
+
+def grouped_fake_measure(task):
+    import json
+
+    assert task.counts is not None and sum(task.counts) == task.problem.m
+    rows = [{**_row(task, c), "expert_counts": json.dumps(list(task.counts))}
+            for c in task.configs]
+    if task.cublas:
+        rows.append({**_row(task, None), "backend": "aten",
+                     "expert_counts": json.dumps(list(task.counts))})
+    return rows
+
+
+def test_collect_measures_grouped_problems_with_their_routing_and_resumes(tmp_path):
+    """A grouped problem is measured on a seeded split of its rows among its experts, with
+    torch._grouped_mm as its ATen row; the rows read back as that problem, and a rerun with
+    more configs measures only the new ones."""
+    import json
+
+    from cutetune.space.enumerate import enumerate_configs
+    from cutetune.space.problem import GroupedProblem
+    from cutetune.tuner.measure.collect import routed_counts
+
+    problems = [("t", GroupedProblem(8, 1000, 1024, 2048)),
+                ("t", GroupedProblem(128, 64, 512, 2048))]
+    configs = enumerate_configs("sm90", problems[0][1])
+    out = tmp_path / "ds"
+    kw = dict(compile_workers=1, cache_dir=str(tmp_path / "cache"), gpu_init=fake_init,
+              compile_fn=fake_compile, measure_fn=grouped_fake_measure)
+    for n in (2, 3):
+        cfg_file = tmp_path / f"c{n}.json"
+        cfg_file.write_text(json.dumps([c.to_dict() for c in configs[:n]]))
+        stats = collect(problems, str(cfg_file), str(out), **kw)
+    assert stats["measured"] == 2  # the second run: one new config per problem
+    rows = dataset.load(out).to_pylist()
+    assert len(rows) == 2 * 4
+    for _, p in problems:
+        mine = [r for r in rows if r["problem_key"] == p.key()]
+        assert {r["backend"] for r in mine} == {"quack", "aten"}
+        assert {dataset.problem_of(r) for r in mine} == {p}
+        assert {r["expert_counts"] for r in mine} == {json.dumps(list(routed_counts(p, 0)))}
+        assert all(r["experts"] == p.experts and r["gemm"] == "fwd" for r in mine)
+
+
+def test_a_version_1_dataset_part_reads_with_the_grouped_columns_null(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    old = pa.schema([f for f in dataset.SCHEMA if f.name not in dataset.ADDED_IN[2]])
+    row = {**{f.name: None for f in old}, "schema_version": 1, "problem_key": "p",
+           "backend": "cublas", "config_key": "", "status": "ok", "time_ms": 1.0}
+    tmp_path.mkdir(exist_ok=True)
+    pq.write_table(pa.Table.from_pylist([row], schema=old), tmp_path / "part-000000-x.parquet")
+    t = dataset.load(tmp_path)
+    assert t.column("experts").to_pylist() == [None] and t.column("time_ms").to_pylist() == [1.0]

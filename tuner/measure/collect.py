@@ -22,27 +22,47 @@ from pathlib import Path
 from ...models import dataset
 from ...space.config import KernelConfig
 from ...space.enumerate import enumerate_configs
-from ...space.problem import GemmProblem
-from ...space.suites import suite
+from ...space.problem import GemmProblem, GroupedProblem
+from ...space.suites import GROUPED_SUITES, ROUTINGS, grouped_suite, routing_counts, suite
 
 from ..kernels.compile import kernel_cache_dir
 from .executor import GpuExecutor, Measure, compile_task
+from .grouped import ATEN_BACKEND
 from .timing import TimingPolicy, init_gpu_worker, measure
 
 CHUNK = 256  # configs per request: bounds the work a crash sends back to one-at-a-time
 
 
-def load_problems(spec: str, dtype: str, arch: str, seed: int) -> list[tuple[str, GemmProblem]]:
-    """A suite name, or a JSON file: a list of {"m","n","k",...,"suite"?} objects."""
+def load_problems(spec: str, dtype: str, arch: str, seed: int
+                  ) -> list[tuple[str, GemmProblem | GroupedProblem]]:
+    """A suite name (dense or grouped: ``suites.SUITES``, ``suites.GROUPED_SUITES``), or a JSON
+    file: a list of {"m","n","k",...,"suite"?} objects, grouped ones with "experts"."""
     if spec.endswith(".json"):
         try:
             items = json.loads(Path(spec).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"cannot read problems file {spec}: {e}") from e
         return [(d.pop("suite", Path(spec).stem),
-                 GemmProblem(**{"dtype": dtype, "out_dtype": dtype, "arch": arch, **d}))
+                 (GroupedProblem if "experts" in d else GemmProblem)(
+                     **{"dtype": dtype, "out_dtype": dtype, "arch": arch, **d}))
                 for d in items]
+    if spec.split("+")[0] in GROUPED_SUITES:
+        return grouped_suite(spec, dtype, arch, seed)
     return suite(spec, dtype, arch, seed)
+
+
+def baseline_backend(problem) -> str:
+    """The backend name of a problem's ATen row: torch.mm (cuBLAS), torch._grouped_mm."""
+    return ATEN_BACKEND if isinstance(problem, GroupedProblem) else "cublas"
+
+
+def routed_counts(problem: GroupedProblem, seed: int) -> tuple[int, ...]:
+    """How a grouped problem's ragged rows split among its experts when it is measured: one of
+    the ``ROUTINGS``, drawn per problem (seeded), so a suite covers each."""
+    h = int(hashlib.sha256(f"{seed}:{problem.key()}".encode()).hexdigest()[:8], 16)
+    rows = problem.m if problem.ragged == "m" else problem.k
+    kind = ROUTINGS[h % len(ROUTINGS)]
+    return tuple(int(c) for c in routing_counts(problem.experts, rows, kind, seed))
 
 
 def configs_for(problem: GemmProblem, spec: str, seed: int) -> list[KernelConfig]:
@@ -99,17 +119,18 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
     # so whole problems become measurable while the rest still compile, and consecutive GPU
     # tasks reuse the problem's operand buffers.
     requests: list[tuple[Measure, list[KernelConfig]]] = []
-    seen: set[GemmProblem] = set()
+    seen: set = set()
     for name, p in problems:
         if p in seen:
             continue
         seen.add(p)
         todo = [c for c in configs_for(p, configs_spec, seed)
                 if (p.key(), "quack", c.short()) not in done]
-        cublas = (p.key(), "cublas", "") not in done
+        cublas = (p.key(), baseline_backend(p), "") not in done
+        counts = routed_counts(p, seed) if isinstance(p, GroupedProblem) else None
         for i in range(0, max(len(todo), 1), CHUNK):
             if todo[i:i + CHUNK] or cublas:
-                requests.append((Measure(p, name, cublas and i == 0), todo[i:i + CHUNK]))
+                requests.append((Measure(p, name, cublas and i == 0, counts), todo[i:i + CHUNK]))
     total = sum(len(cs) for _, cs in requests)
     print(f"collect: {len(seen)} problems, {total} pending measurements in {len(requests)} "
           f"requests", file=sys.stderr)

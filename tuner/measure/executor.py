@@ -8,8 +8,9 @@ config that still fails, or whose kernel does not compile, is recorded with that
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from ...space.config import KernelConfig
@@ -40,6 +41,7 @@ class Measure:
     problem: GemmProblem
     suite: str
     cublas: bool
+    counts: tuple[int, ...] | None = None  # a grouped problem's split among its experts
 
 
 @dataclass(frozen=True)
@@ -109,8 +111,10 @@ class GpuExecutor:
         self.jobs.append(_Job(job_id, request, kernels))
 
     def _failed(self, job: _Job, configs, status: str, error: str) -> list[dict]:
-        p = job.request.problem
-        return [{**p.to_dict(), **c.to_dict(), "problem_key": p.key(), "suite": job.request.suite,
+        p, counts = job.request.problem, getattr(job.request, "counts", None)
+        extra = {} if counts is None else {"expert_counts": json.dumps(list(counts))}
+        return [{**p.to_dict(), **c.to_dict(), **extra, "problem_key": p.key(),
+                 "suite": job.request.suite,
                  "backend": "quack", "config_key": c.short(), "status": status,
                  "error": error[:1000], "timestamp": time.time(),
                  "compile_s": self.compile_s.get(job.kernels[c])} for c in configs]
@@ -143,8 +147,9 @@ class GpuExecutor:
                                              self.compile_err[job.kernels[c]])
                 good = tuple(c for c in job.kernels if c not in bad)
                 rq = job.request
-                job.todo = ([MeasureTask(rq.problem, rq.suite, good, rq.cublas, self.policy)]
-                            if good or rq.cublas else [])
+                counts = getattr(rq, "counts", None)
+                job.todo = ([MeasureTask(rq.problem, rq.suite, good, rq.cublas, self.policy,
+                                         counts)] if good or rq.cublas else [])
         if start and not self.in_flight:
             job = next((j for j in self.jobs if j.todo), None)
             if job is not None:
@@ -159,10 +164,9 @@ class GpuExecutor:
                 self._measured(job, r.value)
             elif len(task.configs) > 1 or (task.configs and task.cublas):
                 # isolate the culprit: one config at a time
-                job.todo += [MeasureTask(task.problem, task.suite, (c,), False, task.policy)
-                             for c in task.configs]
+                job.todo += [replace(task, configs=(c,), cublas=False) for c in task.configs]
                 if task.cublas:
-                    job.todo.append(MeasureTask(task.problem, task.suite, (), True, task.policy))
+                    job.todo.append(replace(task, configs=()))
             elif task.configs:
                 status = {"crash": "crash", "timeout": "timeout"}.get(r.status, "runtime_error")
                 job.rows += self._failed(job, task.configs, status, r.error)

@@ -40,11 +40,15 @@ class TimingPolicy:
 
 @dataclass(frozen=True)
 class MeasureTask:
+    """One problem's configs to time (and its ATen baseline when ``cublas``); a grouped
+    problem's rows split among its experts as ``counts``."""
+
     problem: GemmProblem
     suite: str
     configs: tuple[KernelConfig, ...]
     cublas: bool = False
     policy: TimingPolicy = field(default_factory=TimingPolicy)
+    counts: tuple[int, ...] | None = None
 
 
 def require_gpu() -> int:
@@ -240,6 +244,11 @@ def _measure_one(task: MeasureTask, backend: str, config, fn, buf) -> dict:
 def measure(task: MeasureTask) -> list[dict]:
     """Worker entry point: one row per config (and one for cuBLAS when asked)."""
     import torch
+
+    if task.counts is not None:
+        from .grouped import measure_grouped
+
+        return measure_grouped(task, task.counts)
 
     from ..kernels.quack_gemm import quack_kernel
 
