@@ -1,4 +1,6 @@
-"""docs/ says what the tree holds: docs/reproduce.md names every committed result file."""
+"""The README and docs/ say what the code and the tree hold: the settings table lists every
+variable of cutetune/settings.py with its default, the README's commands name scripts that
+exist, and docs/reproduce.md names every committed result file."""
 
 from __future__ import annotations
 
@@ -7,7 +9,26 @@ import itertools
 import re
 from pathlib import Path
 
+from cutetune.settings import VARIABLES
+
 REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+
+
+def test_the_readme_settings_table_is_settings_variables():
+    rows = re.findall(r"^\| `([A-Z_]+)` \| (.*?) \| (.*?) \|$", README, re.M)
+    assert [name for name, _, _ in rows] == list(VARIABLES)
+    for name, default, _ in rows:
+        assert default.strip("`") == VARIABLES[name][0], name
+
+
+def test_the_readme_and_docs_name_scripts_that_exist():
+    texts = [README, *(p.read_text() for p in (REPO / "docs").glob("*.md"))]
+    named = {m for t in texts for m in re.findall(r"scripts/([\w.]+\.(?:py|sh))", t)}
+    first_cells = re.findall(r"^\| ([^|]*) \|", (REPO / "docs" / "reproduce.md").read_text(), re.M)
+    removed = {m for cell in first_cells for m in re.findall(r"`([\w.]+\.(?:py|sh))`", cell)}
+    missing = {s for s in named - removed if not (REPO / "scripts" / s).is_file()}
+    assert not missing, missing
 
 
 def _braces(pattern: str) -> list[str]:
