@@ -14,7 +14,7 @@ output has too few column tiles to fill the GPU with the tiles that suit wide N 
 fare on model families they were not fitted on: scripts/triton_mm_report.py).
 
 A shape that was retimed L2-cold (scripts/triton_mm_retime.py: the pick and the sweep's
-fastest configs, data/triton_mm/h200_bf16_retimed_top4.jsonl) takes the config that ran it
+fastest configs, data/inputs/triton_mm/h200_bf16_retimed_top4.jsonl) takes the config that ran it
 fastest there instead; the sweep's own timings are too rough to choose per shape.
 
 Whether to take a Triton config is a question of the whole step, not of one GEMM. Timed
@@ -288,7 +288,7 @@ class LaunchCosts:
     less than the ceiling's (``fit_launch_costs``). The model's error (16 % for the picks)
     exceeds the GPU time many configs add to ATen's (under 1 % for Llama-3-8B's gate and up
     projections at M 16 and 128 with their fastest configs,
-    data/triton_mm/h200_bf16_retimed_top4.jsonl), so it decides only shapes that were not
+    data/inputs/triton_mm/h200_bf16_retimed_top4.jsonl), so it decides only shapes that were not
     measured.
 
     How fast the host runs is not known when a graph compiles: the same graph's step host time
@@ -298,7 +298,7 @@ class LaunchCosts:
     spread, in the worst case. Bounding it instead by the split a GPU-timing autotuner would
     pick (each mm on its GPU-faster kernel: 1df8a4d) lost 1.27x on a slow host, where
     max-autotune, whose benchmark times ATen slow, had put every mm in a template
-    (data/bench/step_h200_bounded4.json): max-autotune takes either split between runs, so
+    (data/inputs/steps/step_h200_bounded4.json): max-autotune takes either split between runs, so
     the best split is the one to stay near."""
 
     aten_host_us: float

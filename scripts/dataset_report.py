@@ -1,6 +1,7 @@
 """Report on a measured dataset: counts, failures, timing noise, best config vs cuBLAS.
 
-    python scripts/dataset_report.py --data data/h200_bf16 --repeat data/h200_bf16_repeat \
+    python scripts/dataset_report.py --data data/inputs/h200_bf16 \
+        --repeat data/bench/h200_bf16_repeat \
         --stats data/reports/collect_stats --out data/reports/dataset_h200_bf16
 
 Writes OUT.md, OUT.json and OUT.png (best-config speedup over cuBLAS against M).
@@ -21,8 +22,8 @@ from cutetune.space import enumerate_configs
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default="data/h200_bf16")
-    ap.add_argument("--repeat", default="data/h200_bf16_repeat")
+    ap.add_argument("--data", default="data/inputs/h200_bf16")
+    ap.add_argument("--repeat", default="data/bench/h200_bf16_repeat")
     ap.add_argument("--stats", default="data/reports/collect_stats")
     ap.add_argument("--out", default="data/reports/dataset_h200_bf16")
     args = ap.parse_args()

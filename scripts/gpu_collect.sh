@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU host (through the device tool), from the repo root, after the dependency
-# bundle is unpacked (see README "GPU runs"). Stages, in order given:
+# bundle is unpacked (docs/reproduce.md). Stages, in order given:
 #   tests       GPU tests of the harness            -> $OUT/gpu_tests.log
 #   train       sampled configs on the train suite  -> dataset, until the deadline
 #   exhaustive  every valid config on 40 problems   -> dataset, until the deadline
@@ -20,8 +20,9 @@ mkdir -p "$ROOT" "$QUACK_CACHE_DIR" "$OUT"
 left() { echo $(( DEADLINE - $(date +%s) - ${1:-40} )); }
 pack() { tar -C "$ROOT" -czf "$OUT/datasets.tgz" . ; ls -la "$OUT"; }
 # Resume from the committed dataset when this machine has none yet.
+SHIPPED=data/inputs/h200_bf16
 case " $* " in *" train "*|*" exhaustive "*|*" repeat "*)
-  [ -d "$ROOT/h200_bf16" ] || { [ -d data/h200_bf16 ] && cp -r data/h200_bf16 "$ROOT/"; } ;; esac
+  [ -d "$ROOT/h200_bf16" ] || { [ -d $SHIPPED ] && cp -r $SHIPPED "$ROOT/"; } ;; esac
 PLAN=/tmp/grouped-plan
 grouped() {  # grouped PROBLEMS-FILE CONFIGS BUDGET-S NAME
   [ -f "$PLAN/$1" ] || python scripts/grouped_plan.py --out "$PLAN" > /dev/null

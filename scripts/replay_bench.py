@@ -1,6 +1,7 @@
 """Replay benchmark of the tuning strategies on a recorded dataset with exhaustive sweeps.
 
-    python scripts/replay_bench.py [--dataset data/h200_bf16] [--out data/reports/replay_sm90_bf16]
+    python scripts/replay_bench.py [--dataset data/inputs/h200_bf16] \
+        [--out data/reports/replay_sm90_bf16]
 
 Held-out problems are the dataset's exhaustively swept ones (every valid config recorded).
 They are split into problem-grouped folds; the cost model used on a fold's problems is the
@@ -86,7 +87,7 @@ def fold_scorers(table: pa.Table, problems, folds: int, seed: int, ranker: str) 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dataset", default="data/h200_bf16")
+    ap.add_argument("--dataset", default="data/inputs/h200_bf16")
     ap.add_argument("--out", default="data/reports/replay_sm90_bf16")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seeds", type=int, default=5)

@@ -16,7 +16,8 @@ the same one), the median of rounds reported.
       (mode predicted-unfused: predicted without the SwiGLU fusion, fuse_swiglu=False)
       [--save-code DIR]   (each mode's Inductor output code, to tell same-kernel steps apart)
       [--pin-cpu N]   (the timing thread on CPU N alone: host-bound steps with the same code
-                       differed by up to 16 % unpinned, data/bench/step_h200_bounded4.json)
+                       differed by up to 16 % unpinned,
+                       data/inputs/steps/step_h200_bounded4.json)
       [--gc-off]   (Python's garbage collector paused while timing, as timeit does)
   python scripts/step_ab.py --report ab_m*.json --out data/bench/step_h200.json
 """

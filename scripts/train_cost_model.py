@@ -2,9 +2,9 @@
 
     python scripts/train_cost_model.py [DATASET] [--out FILE] [--report DIR] [train options]
 
-Defaults: data/h200_bf16 -> cutetune/data/cost_model_sm90_bf16.json (the model load_model()
-loads by default) and data/reports/model_h200_bf16/ (report.md, metrics.json, plots). The
-options are those of `cutetune train`.
+Defaults: data/inputs/h200_bf16 -> cutetune/data/cost_model_sm90_bf16.json (the model
+load_model() loads by default) and data/reports/model_h200_bf16/ (report.md, metrics.json,
+plots). The options are those of `cutetune train`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from cutetune.commands.train import add_arguments, options_from, run
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(p, dataset="data/h200_bf16", out="cutetune/data/cost_model_sm90_bf16.json",
+    add_arguments(p, dataset="data/inputs/h200_bf16",
+                  out="cutetune/data/cost_model_sm90_bf16.json",
                   report="data/reports/model_h200_bf16")
     args = p.parse_args(argv)
     try:

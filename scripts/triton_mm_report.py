@@ -9,8 +9,8 @@ config. With --retimed (scripts/triton_mm_retime.py): the picks' and ATen's L2-c
 times, how far the sweep's own times of them were off, and how well the launch costs' GPU-time
 model (models.triton_mm.fit_launch_costs) predicts each family when fitted without it.
 
-  python scripts/triton_mm_report.py --sweep data/triton_mm/h200_bf16.jsonl.gz \\
-      --retimed data/triton_mm/h200_bf16_retimed.jsonl \\
+  python scripts/triton_mm_report.py --sweep data/inputs/triton_mm/h200_bf16.jsonl.gz \\
+      --retimed data/bench/triton_mm/h200_bf16_retimed.jsonl \\
       --out data/reports/triton_mm_h200_bf16.json \\
       [--heldout-family llama3_8b --heldout-heuristics /tmp/heldout.json]
 

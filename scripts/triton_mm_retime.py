@@ -4,18 +4,18 @@ own timing method rather than Inductor's benchmark.
 
 The Triton sweep (scripts/triton_mm_sweep.py) keeps what max-autotune measured: operands warm
 in L2, a handful of repeats. Its ATen times of one weight matrix differ up to 4x between M values
-that move nearly the same bytes (1024x4096: 9.8 to 42.9 us in data/triton_mm/h200_bf16.jsonl.gz),
-too noisy to decide predicted mode's question, Triton or ATen. This script times, for each
-shape predicted mode asks the Triton table about, ATen (torch.mm into an out tensor, the call
-Inductor's extern kernel makes) and Triton configs (the table's pick for the shape's group and
-the sweep's --top fastest configs: the heuristics give a retimed shape the one that ran it
-fastest) with tuner.measure's method: L2-cold rotating operands, warm-up, a GPU sleep ahead
-of the timed launches so that the events time kernels alone, and rounds that interleave the
-variants. Each Triton config is compiled through predicted mode's own path (a
-table forced to that config) and the generated code is checked to hold it.
+that move nearly the same bytes (1024x4096: 9.8 to 42.9 us in
+data/inputs/triton_mm/h200_bf16.jsonl.gz), too noisy to decide predicted mode's question,
+Triton or ATen. This script times, for each shape predicted mode asks the Triton table about,
+ATen (torch.mm into an out tensor, the call Inductor's extern kernel makes) and Triton configs
+(the table's pick for the shape's group and the sweep's --top fastest configs: the heuristics
+give a retimed shape the one that ran it fastest) with tuner.measure's method: L2-cold rotating
+operands, warm-up, a GPU sleep ahead of the timed launches so that the events time kernels
+alone, and rounds that interleave the variants. Each Triton config is compiled through predicted
+mode's own path (a table forced to that config) and the generated code is checked to hold it.
 
-  python scripts/triton_mm_retime.py --sweep data/triton_mm/h200_bf16.jsonl.gz \\
-      --out data/triton_mm/h200_bf16_retimed.jsonl [--top 1] [--budget-s 400]
+  python scripts/triton_mm_retime.py --sweep data/inputs/triton_mm/h200_bf16.jsonl.gz \\
+      --out data/bench/triton_mm/h200_bf16_retimed.jsonl [--top 1] [--budget-s 400]
 
 Rows are appended one shape at a time; shapes already in --out are skipped (resumable).
 """

@@ -8,7 +8,7 @@ per M bucket and N width, to offer without benchmarking. Each shape is a torch.m
 max-autotune (ATEN,TRITON) with Inductor's caches off; a feedback saver records the timings
 Inductor measured for every choice, and the compiled result is checked against torch.mm.
 
-  python scripts/triton_mm_sweep.py --out data/triton_mm/h200_bf16.jsonl [--budget-s 500]
+  python scripts/triton_mm_sweep.py --out data/inputs/triton_mm/h200_bf16.jsonl [--budget-s 500]
       [--families llama3_8b ...] [--layers 4096:14336 ...] [--ms 1 4 16 ...] [--majors kk kn]
       [--search-space EXHAUSTIVE]
 
@@ -17,8 +17,8 @@ Inductor measured for every choice, and the compiled result is checked against t
 predicted mode can ask for any config of either (tuner/inductor.py).
 
 Rows are appended one shape at a time; shapes already in --out are skipped (resumable).
-The committed H200 sweep is that file compressed (gzip -9n): data/triton_mm/h200_bf16.jsonl.gz;
-every reader of a sweep takes either.
+The committed H200 sweep is that file compressed (gzip -9n):
+data/inputs/triton_mm/h200_bf16.jsonl.gz; every reader of a sweep takes either.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ checkout) the repo root on PYTHONPATH, as below; the per-problem processes run f
   PYTHONPATH=$PWD python scripts/tune_gpu_bench.py run --out $OUT/tune_runs.jsonl \
       --dataset /tmp/tune-data
   python scripts/tune_gpu_bench.py report --runs data/bench/tune_gpu_h200.jsonl \
-      --dataset data/h200_bf16 --out data/reports/tune_gpu_h200
+      --dataset data/inputs/h200_bf16 --out data/reports/tune_gpu_h200
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     r = sub.add_parser("run")
     r.add_argument("--out", required=True, help="JSON lines, one per tuned problem")
     r.add_argument("--dataset", required=True, help="dataset the measurements are appended to")
-    r.add_argument("--trained-on", default=str(REPO / "data" / "h200_bf16"))
+    r.add_argument("--trained-on", default=str(REPO / "data" / "inputs" / "h200_bf16"))
     r.add_argument("--limit", type=int, default=None)
     r.add_argument("--model", default=None, help="cost model file (default: the packaged one)")
     r.add_argument("--resume-from", nargs="*", default=[], metavar="JSONL",

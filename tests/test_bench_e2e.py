@@ -92,7 +92,7 @@ def test_quack_launch_host_time_follows_from_the_committed_measurements():
 
 def test_library_launch_costs_in_the_committed_probes():
     """What QUACK_LAUNCH_HOST_US's comment says of quack launched from its TVM-FFI library,
-    from both H200 runs of scripts/launch_probe.py (since removed: docs/reproduce_removed.md):
+    from both H200 runs of scripts/launch_probe.py (since removed: docs/reproduce.md):
     in a compiled single-GEMM graph it costs the host -0.5 to +5.6 us against ATen's extern
     call and 9-12 us more than a Triton template; every call ran from the library; quack's GPU
     gain over cuBLAS is at most 2.4 us."""

@@ -138,7 +138,7 @@ def test_tuner_gpu_session_reuses_its_workers(tmp_path, monkeypatch):
 COMMITTED = os.path.join(os.path.dirname(__file__), "..", "data")
 
 
-@pytest.mark.skipif(not os.path.isdir(os.path.join(COMMITTED, "h200_bf16")),
+@pytest.mark.skipif(not os.path.isdir(os.path.join(COMMITTED, "inputs", "h200_bf16")),
                     reason="no measured dataset in this checkout")
 def test_committed_h200_datasets_load_with_the_schema_and_coverage():
     """The measured datasets under data/ read with this cutetune's schema, carry the
@@ -148,7 +148,7 @@ def test_committed_h200_datasets_load_with_the_schema_and_coverage():
 
     from cutetune.space import enumerate_configs
 
-    for name in ("h200_bf16", "h200_bf16_repeat", "h200_bf16_tune"):
+    for name in ("inputs/h200_bf16", "bench/h200_bf16_repeat", "bench/h200_bf16_tune"):
         table = dataset.load(os.path.join(COMMITTED, name))
         assert table.schema.names == dataset.SCHEMA.names, name
         # measured under schema version 1, read as the current version (grouped columns null)
@@ -156,7 +156,7 @@ def test_committed_h200_datasets_load_with_the_schema_and_coverage():
         for col in ("device_name", "sm_count", "driver", "cuda", "torch_version",
                     "cutlass_dsl_version", "quack_version", "timestamp"):
             assert table.column(col).null_count == 0, (name, col)
-    table = dataset.load(os.path.join(COMMITTED, "h200_bf16"),
+    table = dataset.load(os.path.join(COMMITTED, "inputs", "h200_bf16"),
                          columns=list(dataset.PROBLEM_COLUMNS) + ["problem_key", "backend",
                                                                   "config_key", "status"])
     rows = table.to_pylist()

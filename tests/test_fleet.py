@@ -1,9 +1,9 @@
 """Fleet collection: work items queued in an Optuna RDB storage, shared by worker processes.
 
-The fleet runs replay the committed H200 dataset (data/h200_bf16): every row a worker stores
-is a recorded GPU measurement, copied as recorded. The PostgreSQL test needs a server named by
-CUTETUNE_TEST_PG_URL (`bash .ci/start_postgres.sh` starts one and prints it); without one it
-skips, except under CI=true, where it fails.
+The fleet runs replay the committed H200 dataset (data/inputs/h200_bf16): every row a worker
+stores is a recorded GPU measurement, copied as recorded. The PostgreSQL test needs a server
+named by CUTETUNE_TEST_PG_URL (`bash .ci/start_postgres.sh` starts one and prints it); without
+one it skips, except under CI=true, where it fails.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from cutetune.tuner.measure.executor import GpuExecutor
 from test_collect import COMPILE_FAIL_TILE_N, CRASH_TILE_N, fake_compile, fake_init, fake_measure
 
 REPO = Path(__file__).resolve().parents[1]
-RECORDED = REPO / "data" / "h200_bf16"
-CONFIGS = "sample:150"  # how data/h200_bf16's train problems were collected
+RECORDED = REPO / "data" / "inputs" / "h200_bf16"
+CONFIGS = "sample:150"  # how data/inputs/h200_bf16's train problems were collected
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,8 @@ def _recorded_problems(recorded: dict, n: int) -> list[dict]:
             out.append({"m": p.m, "n": p.n, "k": p.k, "suite": suite})
         if len(out) == n:
             return out
-    raise AssertionError(f"data/h200_bf16 has fewer than {n} fully recorded train problems")
+    raise AssertionError(f"data/inputs/h200_bf16 has fewer than {n} fully recorded train "
+                         "problems")
 
 
 def _collect(tmp_path, problems: list[dict], storage: str, workers: int, item_size: int,

@@ -468,7 +468,7 @@ def test_fallback_quantile_is_calibrated():
     np.testing.assert_array_equal(again.predict(X[:5]), model.predict(X[:5]))
 
 
-SHIPPED_DATASET = Path(__file__).resolve().parents[1] / "data" / "h200_bf16"
+SHIPPED_DATASET = Path(__file__).resolve().parents[1] / "data" / "inputs" / "h200_bf16"
 # Floors for the small CI model (100 trees, 3 folds), a couple of points under what it reaches;
 # the full model's numbers are in data/reports/model_h200_bf16/metrics.json.
 FLOOR_TOP1, FLOOR_TOP5 = 0.93, 0.975

@@ -1,7 +1,7 @@
 """Reliability of tuning and collection on a CPU host: a trial left in flight by a killed,
 interrupted or failing process never wedges a study; bad storage URLs, a missing GPU and
 impossible counts or times are one-line errors. The tuning runs replay the committed H200
-dataset (data/h200_bf16) or the synthetic one of test_replay.py."""
+dataset (data/inputs/h200_bf16) or the synthetic one of test_replay.py."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from cutetune.tuner.search.study import Budget, open_study, tune_study
 from test_replay import ModelLikeScorer, synthetic_table
 
 REPO = Path(__file__).resolve().parents[1]
-RECORDED = REPO / "data" / "h200_bf16"
-# an exhaustively recorded problem of data/h200_bf16 (the issue's example)
+RECORDED = REPO / "data" / "inputs" / "h200_bf16"
+# an exhaustively recorded problem of data/inputs/h200_bf16 (the issue's example)
 DIMS = ["--m", "128", "--n", "4096", "--k", "4096"]
 PROBLEM = GemmProblem(256, 4096, 2048)  # test_replay's synthetic data
 

@@ -394,12 +394,12 @@ def test_fusion_config_takes_the_first_config_without_split_k():
 
 def test_the_packaged_heuristics_fuse_the_llama_mlp_where_the_gpu_said_so():
     """The installed decision on Llama-3-8B's up projection: the fastest fused config
-    measured at M 1 to 128, host-bound (data/bench/swiglu_small_h200.json), and at M 2048 to
-    8192 (data/bench/swiglu_h200.json); none at M=1024, where every fused config ran slower
-    than the unfused default; the rule's pick at an unmeasured M."""
+    measured at M 1 to 128, host-bound (data/inputs/swiglu/swiglu_small_h200.json), and at
+    M 2048 to 8192 (data/inputs/swiglu/swiglu_h200.json); none at M=1024, where every fused
+    config ran slower than the unfused default; the rule's pick at an unmeasured M."""
     measured = {}
     for name in ("swiglu_h200.json", "swiglu_small_h200.json"):
-        bench = json.loads((DATA / "bench" / name).read_text())
+        bench = json.loads((DATA / "inputs" / "swiglu" / name).read_text())
         measured.update(hz.measured_fusions(bench, "sm90", "bf16"))
     installation = iin.enable("predicted")
     try:

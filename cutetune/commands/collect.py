@@ -17,7 +17,8 @@ def register(sub) -> None:
                    help="suite (llm, random, train, exhaustive; 'a+b' joins) or a JSON file")
     p.add_argument("--configs", default="sample:150",
                    help="'all' valid configs, 'sample:N' per problem, or a JSON file of configs")
-    p.add_argument("--out", default="data/h200_bf16", help="dataset folder (appended, resumable)")
+    p.add_argument("--out", default="data/inputs/h200_bf16",
+                   help="dataset folder (appended, resumable)")
     p.add_argument("--arch", default="sm90", choices=("sm90", "sm100"))
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     p.add_argument("--seed", type=int, default=0)

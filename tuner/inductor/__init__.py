@@ -34,7 +34,7 @@ heuristics' launch costs give them, weighing all such mm of a graph together
 (``graph_triton``); the others keep ATen. A Triton launch
 from generated code costs less host time than ATen's extern call, and the template takes the
 node's pointwise epilogue, but on the GPU it mostly runs longer than cuBLAS
-(data/triton_mm/h200_bf16_retimed_top4.jsonl), and on compute-bound GEMMs much longer
+(data/inputs/triton_mm/h200_bf16_retimed_top4.jsonl), and on compute-bound GEMMs much longer
 (data/bench/step_h200_hostbound.json).
 
 Both modes also install a post-grad pass (``passes.py``) that runs a SwiGLU MLP's

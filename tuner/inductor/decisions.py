@@ -151,8 +151,8 @@ def host_bound_us() -> float:
 
 # Fuse an unmeasured up projection only where the pointwise kernel's traffic, at the device's
 # ceilings, is at least this share of the GEMM's own ceiling time: fusing trades cuBLAS for
-# quack's kernel. On the H200 (data/bench/swiglu_h200.json, swiglu_families_h200.json) the
-# rule's config beat the unfused default on 11 of the 13 shapes at or above it (13-18 %), and
+# quack's kernel. On the H200 (data/inputs/swiglu/swiglu_h200.json, swiglu_families_h200.json)
+# the rule's config beat the unfused default on 11 of the 13 shapes at or above it (13-18 %), and
 # at Llama-3-70B's 6.7 % ran 1.023, 0.960 and 0.938x at M 1024, 2048 and 4096.
 MIN_POINTWISE_SHARE = 0.08
 

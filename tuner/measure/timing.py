@@ -190,8 +190,8 @@ def launch_host_us(device: str = "cuda", calls: int = 200, rounds: int = 5) -> f
     Inductor's extern kernel makes), in us: the median of ``rounds`` batches after a warm-up.
     scripts/step_ab.py records it beside its step times: the host cost of a compiled step's
     launches differs between H200 machines by up to 2x, but this read alike on a slow and a
-    fast one (data/bench/step_h200_mixed2.json, step_h200_mixed3.json), so the launch costs
-    hedge over the spread instead of measuring the host (README, torch.compile)."""
+    fast one (data/inputs/steps/step_h200_mixed2.json, step_h200_mixed3.json), so the launch
+    costs hedge over the spread instead of measuring the host (docs/design.md)."""
     import torch
 
     a, b = (torch.randn(16, 16, device=device, dtype=torch.bfloat16) for _ in range(2))
