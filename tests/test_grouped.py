@@ -143,6 +143,8 @@ def test_quacks_own_configs_and_varlen_prune_agree_with_the_rules():
 
     for arch, quack in (("sm90", _get_sm90_configs()), ("sm100", _get_sm100_configs())):
         for q in quack:
+            if q.use_tma_gather:  # only with gather_A: prune_invalid_gemm_configs drops it
+                continue
             c = KernelConfig.from_dict(dataclasses.asdict(q))
             if c.tile_n == 512:
                 continue
