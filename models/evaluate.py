@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import kendalltau
 
 M_BUCKETS = ((1, 64), (65, 512), (513, 4096), (4097, None))
 TOP_KS = (1, 5, 10)
@@ -108,6 +107,8 @@ def score_problems(time_ms: np.ndarray, scores: np.ndarray, group: np.ndarray, m
         raise ValueError(f"{n} problems but {len(m)} M values and {len(cublas_ms)} cuBLAS times")
     tiebreak = np.random.default_rng(seed).random(len(time_ms))
     eff = {k: np.empty(n) for k in TOP_KS}
+    from scipy.stats import kendalltau  # (seconds to import: not at `cutetune --help`)
+
     tau, ndcg, top1, best = (np.empty(n) for _ in range(4))
     top1_row = np.empty(n, np.int64)
     for p in range(n):

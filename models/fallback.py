@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import xgboost as xgb
+
+if TYPE_CHECKING:  # imported where used: `cutetune --help` needs neither
+    import xgboost as xgb
 
 CALIBRATION_FOLDS = 5
 REGRESSION = 0.02  # a choice this much slower than cuBLAS counts as a regression (> noise)
@@ -39,6 +42,8 @@ class CublasFallback:
     booster: xgb.Booster | None = field(default=None, repr=False)
 
     def _train(self, X: np.ndarray, y: np.ndarray) -> xgb.Booster:
+        import xgboost as xgb
+
         params = {"objective": "reg:squarederror", "max_depth": self.max_depth,
                   "eta": self.learning_rate, "seed": self.seed, "nthread": 1,
                   "tree_method": "hist"}
@@ -76,6 +81,8 @@ class CublasFallback:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CublasFallback":
+        import xgboost as xgb
+
         model = cls(**d["params"])
         model.booster = xgb.Booster()
         model.booster.load_model(bytearray(base64.b64decode(d["booster_ubj_base64"], validate=True)))

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import xgboost as xgb
-from sklearn.ensemble import HistGradientBoostingRegressor
-from threadpoolctl import threadpool_limits
+
+if TYPE_CHECKING:  # imported where used: `cutetune --help` needs neither
+    import xgboost as xgb
+    from sklearn.ensemble import HistGradientBoostingRegressor
 
 from .evaluate import group_offsets, relevance
 from .features import ROOFLINE_IDX
@@ -74,6 +76,8 @@ class BoosterModel:
 
     def fit(self, X: np.ndarray, time_ms: np.ndarray, group: np.ndarray) -> "BoosterModel":
         """``group`` is the problem index of each row; rows must be sorted by it."""
+        import xgboost as xgb
+
         time_ms = np.asarray(time_ms, np.float64)
         if self.predicts_time:
             dm = xgb.DMatrix(X, label=np.log(time_ms) - log_roofline_ms(X))
@@ -102,6 +106,8 @@ class BoosterModel:
 
     @classmethod
     def from_dict(cls, d: dict) -> "BoosterModel":
+        import xgboost as xgb
+
         model = cls(**d["params"])
         booster = xgb.Booster()
         booster.load_model(bytearray(base64.b64decode(d["booster_ubj_base64"], validate=True)))
@@ -125,6 +131,9 @@ class HGBModel:
     def fit(self, X: np.ndarray, time_ms: np.ndarray, group: np.ndarray) -> "HGBModel":
         # scikit-learn takes every core through OpenMP; on a shared 2-core machine spinning
         # thread teams cost more than they give, so the thread count is explicit.
+        from sklearn.ensemble import HistGradientBoostingRegressor
+        from threadpoolctl import threadpool_limits
+
         with threadpool_limits(self.n_threads, user_api="openmp"):
             self.model = HistGradientBoostingRegressor(
                 max_iter=self.max_iter, learning_rate=self.learning_rate, random_state=self.seed,

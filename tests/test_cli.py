@@ -217,3 +217,11 @@ def test_check_grouped_passes_the_gemm(capsys, monkeypatch):
 ])
 def test_grouped_user_errors_exit_2_with_one_line(capsys, argv, words):
     test_user_errors_exit_2_with_one_line(capsys, argv, words)
+
+
+def test_the_command_line_is_built_without_torch_quack_or_xgboost(run_script):
+    """`cutetune --help` (every subcommand's parser) imports none of the heavy stack."""
+    got = run_script("import json, sys\nimport cutetune.cli as cli\ncli.build_parser()\n"
+                     "print(json.dumps([m for m in ('torch', 'quack', 'cutlass', 'xgboost', "
+                     "'sklearn') if m in sys.modules]))\n")
+    assert got == []
