@@ -46,8 +46,7 @@ for stage in "$@"; do
     gpu_tests)
       python -m pytest -m gpu tests -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_all.log" | tail -n 15 ;;
     grouped_tests)
-      python -m pytest -m gpu tests/test_grouped_gpu.py -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_grouped.log" \
-        || { echo "grouped GPU tests failed: stopping before collection"; exit 1; } ;;
+      python -m pytest -m gpu tests/test_grouped_gpu.py -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_grouped.log" | tail -n 25 ;;
     grouped_fwd)
       grouped exhaustive_fwd.json all "$(( $(left 150) ))" fwd_exhaustive
       grouped sampled_fwd.json sample:48 "$(left 30)" fwd_sampled ;;
