@@ -628,7 +628,7 @@ def run_cpu(args) -> dict:
             rounds.append((time.perf_counter() - t0) / (20 * len(probs)) * 1e6)
         per_call[name] = {"median": statistics.median(rounds), "max": max(rounds)}
     # A node whose M is dynamic is decided at every rung (inductor.by_m_table), and a SwiGLU
-    # up projection's fusion too (fusion_pass): what such a node costs a compile, and the
+    # up projection's fusion too (tuner/inductor/passes.py): what such a node costs a compile, and the
     # ranges the benchmark's GEMMs get
     def plain_by_m(n, k):
         return by_m_table(lambda m: GemmProblem(m, n, k, b_major="k"), h, QUACK_LAUNCH_HOST_US)
@@ -705,7 +705,7 @@ def run_cpu(args) -> dict:
         "graph_triton_least_regret": regret,
         # the MLP's up projection fused with silu(gate) * (its product) into one quack GEMM
         # (tuner/swiglu.py), and the config, or None: left to the choices above (a problem
-        # graph_triton templates stays unfused, fusion_pass.SwigluFusionPass)
+        # graph_triton templates stays unfused, passes.SwigluFusionPass)
         "swiglu_fusion": {f"mlp_m{m}": None if up in templated["mlp", m] else (
             lambda c: c and c.short())(decide_swiglu(up, h, QUACK_LAUNCH_HOST_US))
             for m in MS for up in [GemmProblem(m, INTER, HIDDEN, b_major="k")]},

@@ -1,5 +1,5 @@
 """The fused SwiGLU GEMM (tuner/swiglu.py) and the post-grad pass that puts it into graphs
-(tuner/fusion_pass.py): rewrites, decisions and the ATen fallback on the CPU; quack's fused
+(tuner/inductor/passes.py): rewrites, decisions and the ATen fallback on the CPU; quack's fused
 kernel on the GPU."""
 
 from __future__ import annotations
