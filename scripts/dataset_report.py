@@ -1,10 +1,13 @@
-"""Report on a measured dataset: counts, failures, timing noise, best config vs cuBLAS.
+"""Report on a measured dataset: counts, failures, timing noise, the best config against the
+ATen baseline (cuBLAS's torch.mm; torch._grouped_mm for grouped problems), the worst config
+against the best.
 
     python scripts/dataset_report.py --data data/inputs/h200_bf16 \
         --repeat data/bench/h200_bf16_repeat \
         --stats data/reports/collect_stats --out data/reports/dataset_h200_bf16
 
-Writes OUT.md, OUT.json and OUT.png (best-config speedup over cuBLAS against M).
+Writes OUT.md, OUT.json and OUT.png (best-config speedup over ATen against M, or for grouped
+problems against the routed rows).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 from cutetune.models import dataset
 from cutetune.models.evaluate import M_BUCKETS, bucket_name, geomean, m_bucket
 from cutetune.space import enumerate_configs
+from cutetune.tuner.measure.collect import baseline_backend
 
 
 def main() -> None:
@@ -26,10 +30,13 @@ def main() -> None:
     ap.add_argument("--repeat", default="data/bench/h200_bf16_repeat")
     ap.add_argument("--stats", default="data/reports/collect_stats")
     ap.add_argument("--out", default="data/reports/dataset_h200_bf16")
+    ap.add_argument("--min-configs", type=int, default=150,
+                    help="problems with at least this many measured configs enter the comparison")
     args = ap.parse_args()
     rows = dataset.load(args.data).to_pylist()
     quack = [r for r in rows if r["backend"] == "quack"]
-    cublas = {r["problem_key"]: r for r in rows if r["backend"] == "cublas" and r["status"] == "ok"}
+    cublas = {r["problem_key"]: r for r in rows
+              if r["backend"] == baseline_backend(dataset.problem_of(r)) and r["status"] == "ok"}
     problems = {}
     for r in quack:
         problems.setdefault(r["problem_key"], []).append(r)
@@ -38,7 +45,7 @@ def main() -> None:
         p = dataset.problem_of(rs[0])
         n_valid[key] = len(enumerate_configs(p.arch, p))
     exhaustive = [k for k, rs in problems.items() if len(rs) >= n_valid[k]]
-    sampled = [k for k, rs in problems.items() if len(rs) >= 150]
+    sampled = [k for k, rs in problems.items() if len(rs) >= min(args.min_configs, n_valid[k])]
     status = {}
     for r in rows:
         status[r["status"]] = status.get(r["status"], 0) + 1
@@ -49,12 +56,17 @@ def main() -> None:
             failures.setdefault(r["status"], {}).setdefault(kind, 0)
             failures[r["status"]][kind] += 1
 
-    # Best config vs cuBLAS, per problem with at least 150 measured configs.
-    speed = []
+    # Best config vs the ATen baseline, per problem with at least --min-configs measured configs;
+    # a grouped problem by its routed rows (the ragged dimension).
+    speed, spread_all = [], []
     for key in sampled:
         ok = [r["time_ms"] for r in problems[key] if r["status"] == "ok"]
+        p = dataset.problem_of(problems[key][0])
+        size = p.m if not hasattr(p, "ragged") or p.ragged == "m" else p.k
         if ok and key in cublas:
-            speed.append((problems[key][0]["m"], cublas[key]["time_ms"] / min(ok), key in exhaustive))
+            speed.append((size, cublas[key]["time_ms"] / min(ok), key in exhaustive))
+        if ok and key in exhaustive:
+            spread_all.append(max(ok) / min(ok))
     by_bucket = {}
     for m, s, _ in speed:
         by_bucket.setdefault(int(m_bucket(m)), []).append(s)
@@ -84,6 +96,9 @@ def main() -> None:
             "median": float(np.median(spread)), "p90": float(np.quantile(spread, 0.9))},
         "repeat_noise": noise, "best_over_cublas_by_m": speed_table,
         "best_over_cublas_geomean": geomean([s for _, s, _ in speed]),
+        "worst_over_best_exhaustive": ({"problems": len(spread_all), "geomean": geomean(spread_all),
+                                        "min": min(spread_all), "max": max(spread_all)}
+                                       if spread_all else {}),
         "collect_stats": stats,
     }
     out = Path(args.out)
@@ -106,8 +121,8 @@ def write_markdown(path: Path, rep: dict, args) -> None:
         f"--stats {args.stats} --out {args.out}`.",
         "",
         "## Counts",
-        f"- rows: {rep['rows']}; problems: {rep['problems']}; cuBLAS baselines: {rep['cublas_baselines']}",
-        f"- problems with >= 150 measured configs: {rep['problems_with_150_configs']}",
+        f"- rows: {rep['rows']}; problems: {rep['problems']}; ATen baselines: {rep['cublas_baselines']}",
+        f"- problems with >= {args.min_configs} measured configs: {rep['problems_with_150_configs']}",
         f"- problems with every valid config measured (exhaustive): {rep['exhaustive_problems']}",
         f"- status: {rep['status']}",
         f"- failures by kind: {rep['failures'] or 'none'}",
@@ -122,7 +137,12 @@ def write_markdown(path: Path, rep: dict, args) -> None:
         lines.append(f"- same (problem, config) measured again in a later run ({n['pairs']} pairs): "
                      f"median relative difference {n['median_rel_diff']:.4f}, p90 "
                      f"{n['p90_rel_diff']:.4f}, max {n['max_rel_diff']:.4f}")
-    lines += ["", "## Best measured config vs cuBLAS (torch.mm), by M",
+    w = rep["worst_over_best_exhaustive"]
+    if w:
+        lines.append(f"- worst over best config, exhaustive problems ({w['problems']}): geomean "
+                     f"{w['geomean']:.2f}x, {w['min']:.2f}x to {w['max']:.2f}x")
+    lines += ["", "## Best measured config vs ATen (torch.mm, or torch._grouped_mm), by M "
+              "(grouped: routed rows)",
               f"Geomean over all problems: {rep['best_over_cublas_geomean']:.3f}x "
               "(>1: the best CuteDSL config is faster).", "",
               "| M | problems | geomean | min | max | share faster |", "|---|---|---|---|---|---|"]
@@ -148,7 +168,7 @@ def plot(path: Path, speed) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for exh, color, label in ((False, "tab:blue", ">=150 sampled configs"),
+    for exh, color, label in ((False, "tab:blue", "sampled configs"),
                               (True, "tab:red", "exhaustive")):
         pts = [(m, s) for m, s, e in speed if e == exh]
         if pts:
@@ -156,8 +176,8 @@ def plot(path: Path, speed) -> None:
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("M")
-    ax.set_ylabel("cuBLAS time / best CuteDSL time")
-    ax.set_title("H200 bf16: best measured quack config vs torch.mm")
+    ax.set_ylabel("ATen time / best CuteDSL time")
+    ax.set_title("H200 bf16: best measured quack config vs ATen")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
