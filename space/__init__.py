@@ -2,11 +2,12 @@
 
 from .config import KernelConfig, quack_default_config
 from .enumerate import AXES, compile_keys, enumerate_configs, sample_configs
-from .problem import GemmProblem, ProblemError
+from .problem import GemmProblem, GroupedProblem, ProblemError
 from .rules import CONFIG_RULES, PROBLEM_RULES, is_valid, violations
 
 __all__ = [
-    "AXES", "CONFIG_RULES", "PROBLEM_RULES", "GemmProblem", "KernelConfig", "ProblemError",
+    "AXES", "CONFIG_RULES", "PROBLEM_RULES", "GemmProblem", "GroupedProblem", "KernelConfig",
+    "ProblemError",
     "compile_keys", "enumerate_configs", "is_valid", "quack_default_config", "sample_configs",
     "violations",
 ]

@@ -95,6 +95,14 @@ def tile_k(dtype: str) -> int:
     return TILE_K_BYTES // DTYPE_BYTES[dtype]
 
 
+def kernel_b_major(c: KernelConfig, p: GemmProblem | GroupedProblem) -> str:
+    """The major of the kernel's B operand after quack's swap_ab routing: the problem's B, or
+    swapped the problem's A (K-major stays "k"; M-major is "n" in the kernel's frame)."""
+    if not c.swap_ab:
+        return p.b_major
+    return "k" if p.a_major == "k" else "n"
+
+
 def epilogue_smem_bytes(c: KernelConfig, out_dtype: str = "bf16") -> int:
     """Estimate of the epilogue's staging buffer: two stages of a (64 x min(tile_n, 32)) tile."""
     return 2 * 64 * min(c.tile_n, 32) * DTYPE_BYTES[out_dtype]
@@ -228,6 +236,16 @@ def varlen_m_no_swap_ab(c: KernelConfig, arch: str) -> bool:
     sequences not supported with swap_ab' before any compile). Varlen K may swap: its ragged
     dimension is K either way, and quack prunes nothing there."""
     return not c.swap_ab
+
+
+@_rule("sm90", problem=True, families=GROUPED)
+def sm90_tile_192_wide_needs_k_major_b(c: KernelConfig, p: GroupedProblem) -> bool:
+    """On sm90 a cooperative 192-row tile wider than 128 (two MMA atoms side by side along N:
+    GemmSm90.__init__'s atom layout) needs a K-major kernel B: with an N-major one cute.compile
+    aborts (std::bad_variant_access) for dgrad and wgrad, swapped or not, while fwd's (B
+    K-major) compile; quack's sm90 list leaves 192x256 out for the same abort ('IOT
+    instruction (core dumped) in the bwd'). Dense GEMMs of an N-major kernel B abort alike."""
+    return c.pingpong or c.tile_m != 192 or c.tile_n <= 128 or kernel_b_major(c, p) == "k"
 
 
 # ---------------------------------------------------------------- entry points

@@ -155,12 +155,12 @@ def test_show_grouped_json_for_a_problem(capsys):
     d = json.loads(out)
     p = GroupedProblem(128, 1536, 2048, 65536, gemm="wgrad")
     assert d["problem"] == p.to_dict() and d["family"] == "varlen_k"
-    assert d["valid_configs"] == len(enumerate_configs("sm90", p)) == 1344
+    assert d["valid_configs"] == len(enumerate_configs("sm90", p)) == 1248
     assert [c["config_key"] for c in d["configs"]] == [
         c.short() for c in enumerate_configs("sm90", p)[:2]]
     assert d["axes"]["tile_n"] == list(GROUPED_AXES["sm90"]["tile_n"])
     names = {r["name"] for r in d["rules"]}
-    assert "grouped_no_split_k" in names and "sm90_tile_n" in names
+    assert {"grouped_no_split_k", "sm90_tile_n", "sm90_tile_192_wide_needs_k_major_b"} <= names
     assert "varlen_m_no_swap_ab" not in names and "sm90_static_scheduler" not in names
 
 
@@ -171,18 +171,20 @@ def test_show_grouped_text_names_the_family(capsys):
     assert "varlen_m_no_swap_ab:" in out and "config_supports" in out
 
 
-def test_count_includes_the_grouped_families(capsys):
+def test_count_includes_the_grouped_gemms(capsys):
     rc, out, _ = run(capsys, "space", "count", "--arch", "sm90", "--json")
     assert rc == 0
     d = json.loads(out)
     assert (d["valid_configs"], d["valid_kernels"]) == (2400, 1200)  # dense, as before
     g = d["grouped"]
-    assert (g["varlen_m"]["valid_kernels"], g["varlen_k"]["valid_kernels"]) == (336, 672)
-    assert g["varlen_m"]["rules"]["varlen_m_no_swap_ab"]["rejects_alone"] > 0
-    assert "varlen_m_no_swap_ab" not in g["varlen_k"]["rules"]
+    assert [g[x]["valid_kernels"] for x in ("fwd", "dgrad", "wgrad")] == [336, 312, 624]
+    assert g["fwd"]["rules"]["varlen_m_no_swap_ab"]["rejects_alone"] > 0
+    assert g["fwd"]["rules"]["sm90_tile_192_wide_needs_k_major_b"]["rejects"] == 0
+    assert g["dgrad"]["rules"]["sm90_tile_192_wide_needs_k_major_b"]["rejects_alone"] > 0
+    assert "varlen_m_no_swap_ab" not in g["wgrad"]["rules"]
     rc, out, _ = run(capsys, "space", "count", "--arch", "sm100")
-    assert "sm100 grouped varlen_m (fwd, dgrad): 240 valid configs, 120 distinct" in out
-    assert "sm100 grouped varlen_k (wgrad): 480 valid configs, 240 distinct" in out
+    assert "sm100 grouped dgrad (varlen_m): 240 valid configs, 120 distinct" in out
+    assert "sm100 grouped wgrad (varlen_k): 480 valid configs, 240 distinct" in out
 
 
 def test_check_grouped_passes_the_gemm(capsys, monkeypatch):

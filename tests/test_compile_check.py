@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cutetune.space import KernelConfig, compile_keys, enumerate_configs, is_valid
+from cutetune.space import KernelConfig, compile_keys, enumerate_configs, is_valid, violations
 from cutetune.space.rules import CONFIG_RULES
 from cutetune.tuner.measure.space_check import (CompileResult, compile_configs, compile_pool,
     pick_rejected, pick_valid, rule_verdicts, run_check, summarize)
@@ -85,17 +85,21 @@ def test_invalid_config_fails_without_killing_the_run(tmp_path):
 
 # ---------------------------------------------------------------- grouped GEMMs
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
-@pytest.mark.parametrize("family", ["varlen_m", "varlen_k"])
-def test_grouped_picks_are_the_familys(arch, family):
+@pytest.mark.parametrize("gemm", ["fwd", "dgrad", "wgrad"])
+def test_grouped_picks_are_the_gemms(arch, gemm):
     from cutetune.space.rules import family_rules
+    from cutetune.tuner.measure.space_check import check_problem
 
-    keys = compile_keys(enumerate_configs(arch, family=family))
-    assert pick_valid(arch, None, family=family) == keys
-    rules = [r.name for r in family_rules(family, arch, problem=False)]
-    picks = pick_rejected(arch, len(rules), seed=0, family=family)
-    assert sorted(broken[0] for _, broken in picks) == sorted(rules)
+    problem = check_problem(arch, gemm)
+    assert pick_valid(arch, None, gemm=gemm) == compile_keys(enumerate_configs(arch, problem))
+    picks = pick_rejected(arch, 40, seed=0, gemm=gemm)
+    alone = {broken[0] for _, broken in picks if len(broken) == 1}
+    assert alone <= {r.name for r in family_rules(problem.family, arch)}
+    assert "grouped_no_split_k" in alone and (gemm == "wgrad") != ("varlen_m_no_swap_ab" in alone)
+    assert (arch, gemm) not in {("sm90", "dgrad"), ("sm90", "wgrad")} or (
+        "sm90_tile_192_wide_needs_k_major_b" in alone)
     for c, broken in picks:
-        assert not is_valid(c, arch, family=family) and len(broken) == 1
+        assert [r.name for r in violations(c, arch, problem)] == list(broken) != []
 
 
 def test_grouped_check_problem_and_verdicts():

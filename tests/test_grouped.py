@@ -16,7 +16,8 @@ from cutetune.space.features import (BALANCED_NAMES, DERIVED_NAMES, GROUPED_FEAT
     grouped_feature_matrix, grouped_ideal_time_s, grouped_problem_columns,
     grouped_problem_feature_matrix, problem_columns)
 from cutetune.space.problem import ARCHES, GROUPED_GEMMS, GroupedProblem
-from cutetune.space.rules import FAMILIES, FAMILY_RULES, GROUPED, family_of, is_valid, violations
+from cutetune.space.rules import (FAMILIES, FAMILY_RULES, GROUPED, family_of, family_rules,
+    is_valid, violations)
 from cutetune.space.suites import (MOE_MODELS, MOE_TOKENS, ROUTINGS, expert_gemm, grouped_suite,
     moe_problems, random_grouped_problems, routing_counts)
 
@@ -102,7 +103,7 @@ def test_family_of():
 @pytest.mark.parametrize("family", GROUPED)
 def test_no_dead_grouped_rule(arch, family):
     """Each config rule of the family rejects a grid point that breaks it alone."""
-    alone = {r.name: 0 for r in FAMILY_RULES[family] if arch in r.arches}
+    alone = {r.name: 0 for r in family_rules(family, arch, problem=False)}
     for c in grid(arch, family):
         broken = violations(c, arch, family=family)
         if len(broken) == 1:
@@ -127,12 +128,35 @@ def test_grouped_configs_obey_quacks_varlen_checks(arch):
     assert not any(c.swap_ab for c in m) and any(c.swap_ab for c in k)
     assert set(m) == {c for c in k if not c.swap_ab}
     assert any(c.is_dynamic_persistent for c in m)  # sm90 too: quack allocates the semaphore
-    wgrad = GroupedProblem(8, 4096, 4096, 64, gemm="wgrad", arch=arch)
-    assert enumerate_configs(arch, wgrad) == k  # no problem rule narrows a grouped space
-    assert enumerate_configs(arch, dataclasses.replace(wgrad, gemm="dgrad")) == m
-    fwd = dataclasses.replace(DSV3_UP, arch=arch)
+    fwd = GroupedProblem(8, 4096, 4096, 64, arch=arch)
+    assert enumerate_configs(arch, fwd) == m  # only sm90's N-major B narrows a GEMM's space
     assert len(set(sample_configs(arch, 20, problem=fwd))) == 20
     assert set(sample_configs(arch, 20, problem=fwd)) <= set(m)
+
+
+def test_sm90_wide_192_tile_needs_a_k_major_b():
+    """The cooperative 192 x >128 tile aborts cute.compile with an N-major B (dgrad, and wgrad
+    swapped or not), so those GEMMs' spaces leave it out on sm90 and fwd's keeps it."""
+    from cutetune.space.rules import kernel_b_major
+
+    wide = [c for c in enumerate_configs("sm90", family="varlen_k")
+            if c.tile_m == 192 and not c.pingpong and c.tile_n > 128]
+    assert {c.swap_ab for c in wide} == {False, True} and {c.tile_n for c in wide} == {
+        160, 192, 256}
+    sizes = {}
+    for gemm in GROUPED_GEMMS:
+        p = GroupedProblem(8, 4096, 4096, 4096, gemm=gemm)
+        own = [c for c in wide if gemm == "wgrad" or not c.swap_ab]  # varlen M cannot swap
+        assert {kernel_b_major(c, p) for c in own} == {"k" if gemm == "fwd" else "n"}
+        valid = enumerate_configs("sm90", p)
+        assert (set(own) <= set(valid)) if gemm == "fwd" else not set(own) & set(valid)
+        sizes[gemm] = (len(valid), len(compile_keys(valid)))
+        assert [r.name for r in violations(own[0], "sm90", p)] == (
+            [] if gemm == "fwd" else ["sm90_tile_192_wide_needs_k_major_b"])
+    assert sizes == {"fwd": (672, 336), "dgrad": (624, 312), "wgrad": (1248, 624)}
+    sm100 = GroupedProblem(8, 4096, 4096, 4096, gemm="wgrad", arch="sm100")
+    assert enumerate_configs("sm100", sm100) == enumerate_configs("sm100", family="varlen_k")
+    assert kernel_b_major(KernelConfig(swap_ab=True), GemmProblem(64, 64, 64, a_major="m")) == "n"
 
 
 def test_quacks_own_configs_and_varlen_prune_agree_with_the_rules():

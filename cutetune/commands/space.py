@@ -13,7 +13,7 @@ from ..space.config import KernelConfig
 from ..space.enumerate import axes, check_arch, compile_keys, enumerate_configs, grid
 from ..space.problem import (ARCHES, GROUPED_GEMMS, SUPPORTED_DTYPES, GemmProblem,
                              GroupedProblem, grouped_family)
-from ..space.rules import GROUPED, Rule, family_rules, violations
+from ..space.rules import Rule, family_rules, violations
 from .options import at_least, more_than
 
 ARCH_HELP = f"target architecture: {' or '.join(ARCHES)}"
@@ -115,27 +115,34 @@ def cmd_show(args) -> int:
 
 
 # ---------------------------------------------------------------- count
-def family_counts(arch: str, family: str = "dense") -> dict:
-    """Grid size, valid configs, distinct compiled kernels, and per config rule how many grid
-    points it rejects (in all, and as the only rule broken), of one config family."""
+def family_counts(arch: str, family: str = "dense",
+                  problem: GroupedProblem | None = None) -> dict:
+    """Grid size, valid configs, distinct compiled kernels, and per rule how many grid points
+    it rejects (in all, and as the only rule broken), of one config family: its config rules,
+    and with ``problem`` its problem rules too."""
     points = list(grid(arch, family))
-    valid = enumerate_configs(arch, family=family)
+    valid = enumerate_configs(arch, problem, family)
     any_, alone = Counter(), Counter()
     for c in points:
-        broken = [r.name for r in violations(c, arch, family=family)]
+        broken = [r.name for r in violations(c, arch, problem, family)]
         any_.update(broken)
         if len(broken) == 1:
             alone[broken[0]] += 1
+    rules = family_rules(family, arch, problem=None if problem is not None else False)
     return {"grid_points": len(points), "valid_configs": len(valid),
             "valid_kernels": len(compile_keys(valid)),
             "rules": {r.name: {"rejects": any_[r.name], "rejects_alone": alone[r.name]}
-                      for r in family_rules(family, arch, problem=False)}}
+                      for r in rules}}
 
 
 def space_counts(arch: str) -> dict:
-    """``family_counts`` of the dense family, with the grouped families' under "grouped"."""
+    """``family_counts`` of the dense family, and under "grouped" those of each grouped GEMM
+    (its family, with the problem rules of its layout: the check's problem)."""
+    from ..tuner.measure.space_check import check_problem  # no compiler behind it
+
     return {"arch": arch, **family_counts(arch),
-            "grouped": {f: family_counts(arch, f) for f in GROUPED}}
+            "grouped": {g: family_counts(arch, grouped_family(g), check_problem(arch, g))
+                        for g in GROUPED_GEMMS}}
 
 
 def _print_counts(name: str, c: dict) -> None:
@@ -152,9 +159,8 @@ def cmd_count(args) -> int:
         return 0
     for c in counts:
         _print_counts(c["arch"], c)
-        for family, g in c["grouped"].items():
-            gemms = ", ".join(g for g in GROUPED_GEMMS if grouped_family(g) == family)
-            _print_counts(f"{c['arch']} grouped {family} ({gemms})", g)
+        for gemm, g in c["grouped"].items():
+            _print_counts(f"{c['arch']} grouped {gemm} ({grouped_family(gemm)})", g)
     return 0
 
 

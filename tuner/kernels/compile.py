@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ...space.config import ARCH_CAPACITY, KernelConfig
 from ...space.problem import GemmProblem, GroupedProblem, ProblemError
+from ...space.rules import kernel_b_major
 
 DSL_ARCH = {"sm90": "sm_90a", "sm100": "sm_100a"}
 
@@ -52,8 +53,7 @@ def kernel_layout(problem: GemmProblem | GroupedProblem, config: KernelConfig) -
         return KernelLayout(problem.a_major, problem.b_major, "n", batched, varlen is None, varlen)
     # Swapped: the kernel's A is B^T (N, K), its B is A (M, K), its D is D^T (N, M).
     a_major = "k" if problem.b_major == "k" else "m"
-    b_major = "k" if problem.a_major == "k" else "n"
-    return KernelLayout(a_major, b_major, "m", batched, False, varlen)
+    return KernelLayout(a_major, kernel_b_major(config, problem), "m", batched, False, varlen)
 
 
 def _grouped_varlen(problem: GroupedProblem, config: KernelConfig) -> str:

@@ -72,10 +72,10 @@ class CompileResult:
 
 
 def pick_valid(arch: str, sample: int | None, seed: int = 0,
-               family: str = "dense") -> list[KernelConfig]:
-    """``sample`` distinct compiled kernels of the family's valid space (all of them when
-    ``sample`` is None or at least their number), in enumeration order."""
-    keys = compile_keys(enumerate_configs(arch, family=family))
+               gemm: str | None = None) -> list[KernelConfig]:
+    """``sample`` distinct compiled kernels of ``check_problem(arch, gemm)``'s valid space (all
+    of them when ``sample`` is None or at least their number), in enumeration order."""
+    keys = compile_keys(enumerate_configs(arch, check_problem(arch, gemm)))
     if sample is None or sample >= len(keys):
         return keys
     chosen = set(random.Random(seed).sample(range(len(keys)), sample))
@@ -83,20 +83,21 @@ def pick_valid(arch: str, sample: int | None, seed: int = 0,
 
 
 def pick_rejected(arch: str, n: int, seed: int = 0,
-                  family: str = "dense") -> list[tuple[KernelConfig, tuple[str, ...]]]:
-    """``n`` distinct compile keys of grid points the family's config rules reject, drawn
-    round-robin: each round takes one point per rule among the points that break that rule
-    alone (the compiler's verdict on those is evidence about that rule), then one that breaks
-    several."""
+                  gemm: str | None = None) -> list[tuple[KernelConfig, tuple[str, ...]]]:
+    """``n`` distinct compile keys of grid points the rules reject for ``check_problem(arch,
+    gemm)``, drawn round-robin: each round takes one point per rule among the points that
+    break that rule alone (the compiler's verdict on those is evidence about that rule), then
+    one that breaks several."""
+    problem = check_problem(arch, gemm)
     alone: dict[str, list[tuple[KernelConfig, tuple[str, ...]]]] = {}
     multi: list[tuple[KernelConfig, tuple[str, ...]]] = []
     seen: set[KernelConfig] = set()
-    for c in grid(arch, family):
+    for c in grid(arch, problem.family):
         key = c.compile_key()
         if key in seen:
             continue
         seen.add(key)
-        broken = tuple(r.name for r in violations(key, arch, family=family))
+        broken = tuple(r.name for r in violations(key, arch, problem))
         if len(broken) == 1:
             alone.setdefault(broken[0], []).append((key, broken))
         elif broken:
@@ -176,11 +177,11 @@ def summarize(results: list[CompileResult], wall_s: float) -> dict:
 
 def rule_verdicts(arch: str, results: list[CompileResult],
                   family: str = "dense") -> dict[str, dict]:
-    """Per config rule of the family: how many of its rejected points (broken alone, or
-    together with other rules) the compiler also rejects. Only points a rule breaks alone
-    speak about that rule."""
+    """Per rule of the family: how many of its rejected points (broken alone, or together
+    with other rules) the compiler also rejects. Only points a rule breaks alone speak about
+    that rule."""
     out: dict[str, dict] = {}
-    for rule in family_rules(family, arch, problem=False):
+    for rule in family_rules(family, arch):
         alone = [r for r in results if r.broken_rules == (rule.name,)]
         shared = [r for r in results if rule.name in r.broken_rules and len(r.broken_rules) > 1]
         failed = sum(not r.ok for r in alone)
@@ -218,8 +219,8 @@ def run_check(arch: str, *, sample: int | None, seed: int = 0, workers: int = 2,
             return run_check(arch, sample=sample, seed=seed, workers=workers, rejected=rejected,
                              cache_dir=tmp, timeout_s=timeout_s, on_result=on_result, gemm=gemm)
     family = problem.family
-    valid = pick_valid(arch, sample, seed, family)
-    picks = pick_rejected(arch, rejected, seed, family) if rejected else []
+    valid = pick_valid(arch, sample, seed, gemm)
+    picks = pick_rejected(arch, rejected, seed, gemm) if rejected else []
     with compile_pool(arch, cache_dir, workers, timeout_s) as pool:
         t0 = time.perf_counter()
         results = compile_configs(pool, arch, valid, on_result, gemm)
@@ -228,7 +229,8 @@ def run_check(arch: str, *, sample: int | None, seed: int = 0, workers: int = 2,
         rej = compile_configs(pool, arch, [c for c, _ in picks], gemm=gemm)
         rej_wall = time.perf_counter() - t0
     summary = summarize(results, wall)
-    all_keys = len(compile_keys(enumerate_configs(arch, family=family)))
+    configs = enumerate_configs(arch, problem)
+    all_keys = len(compile_keys(configs))
     if "cpu_s_mean" in summary:
         # All kernels over 16 one-core workers: mean CPU seconds per compile (the wall seconds
         # of a shared or oversubscribed host would overstate it), assuming linear scaling.
@@ -238,7 +240,7 @@ def run_check(arch: str, *, sample: int | None, seed: int = 0, workers: int = 2,
         "report_version": REPORT_VERSION, "arch": arch, "dsl_arch": DSL_ARCH[arch],
         "family": family, "problem": problem.to_dict(), "versions": _versions(),
         "host": {"cpu_count": os.cpu_count(), "machine": platform.machine()},
-        "valid_configs": len(enumerate_configs(arch, family=family)), "valid_kernels": all_keys,
+        "valid_configs": len(configs), "valid_kernels": all_keys,
         "sample": len(valid), "seed": seed, "workers": workers, "timeout_s": timeout_s,
         "summary": summary,
         "failures": [r.to_dict() for r in results if not r.ok],
