@@ -7,8 +7,9 @@
 #   repeat      a fixed set measured again          -> second dataset (timing-noise report)
 #   gpu_tests   every test marked gpu               -> $OUT/gpu_tests_all.log
 #   grouped_tests  the grouped harness's GPU tests  -> $OUT/gpu_tests_grouped.log
-#   grouped_fwd    MoE forward GEMMs: every config of the cheaper ones, a sample of the rest
-#   grouped_rest   the input and weight gradients' GEMMs, sampled
+#   grouped_fwd    MoE forward GEMMs: every config of the cheaper ones
+#   grouped_rest   a sample of the configs of the dearer forward GEMMs and of the input and
+#                  weight gradients' GEMMs
 #                  (grouped: -> the dataset h200_bf16_grouped; scripts/grouped_plan.py splits)
 # Data and quack's kernel cache live under /tmp so they survive between calls on one warm
 # machine; each stage ends by packing the dataset into $OUT.
@@ -48,9 +49,9 @@ for stage in "$@"; do
     grouped_tests)
       python -m pytest -m gpu tests/test_grouped_gpu.py -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_grouped.log" | tail -n 25 ;;
     grouped_fwd)
-      grouped exhaustive_fwd.json all "$(( $(left 150) ))" fwd_exhaustive
-      grouped sampled_fwd.json sample:48 "$(left 30)" fwd_sampled ;;
+      grouped exhaustive_fwd.json all "$(left 30)" fwd_exhaustive ;;
     grouped_rest)
+      grouped sampled_fwd.json sample:48 "$(( $(left 30) / 2 ))" fwd_sampled
       grouped sampled_dgrad.json sample:32 "$(( $(left 30) / 2 ))" dgrad_sampled
       grouped sampled_wgrad.json sample:32 "$(left 30)" wgrad_sampled ;;
     repeat)
