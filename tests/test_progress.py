@@ -1,6 +1,6 @@
 """Progress of the long commands: a tqdm bar on stderr when it is a terminal; elsewhere (logs,
-pipes, CI) no bar, with collect's status line printed as plain lines instead; stdout keeps
-only results."""
+pipes, CI) no bar, with collect's status line and space check's per-config lines printed as
+plain lines instead; --quiet silences it; stdout keeps only results."""
 
 from __future__ import annotations
 
@@ -8,8 +8,16 @@ import io
 from contextlib import redirect_stderr
 from types import SimpleNamespace
 
+import pytest
+
 from cutetune import progress
+from cutetune.cli import main
+from cutetune.space import KernelConfig
 from cutetune.tuner.measure.collect import LOG_EVERY_S, Progress
+from cutetune.tuner.measure.space_check import CompileResult
+
+A = KernelConfig(128, 192, True, 2, 1, False, 8, 1, False)
+B = KernelConfig(128, 128, False, 1, 1, True, 1, 1, False)
 
 
 class Terminal(io.StringIO):
@@ -74,3 +82,43 @@ def test_collect_logs_its_status_line_every_period_elsewhere(capsys):
     assert out == "" and len(lines) == 2
     assert "measured 3" in lines[0] and "pending 8" in lines[0] and "pending 6" in lines[1]
     assert "kernels compiled 7" in lines[1] and "failed 1, left 5" in lines[1]
+
+
+# ---------------------------------------------------------------- space check
+@pytest.fixture
+def fake_check(monkeypatch):
+    """run_check compiling two configs, the second failing."""
+    import cutetune.tuner.measure.space_check as space_check
+
+    def run_check(arch, on_result, **kwargs):
+        on_result(1, 2, CompileResult(A, "ok", 2.0))
+        on_result(2, 2, CompileResult(B, "error", 1.0, "ptxas says no"))
+        times = dict.fromkeys(("compile_s_p50", "compile_s_p90", "compile_s_max", "cpu_s_p50",
+                               "projected_minutes_all_kernels_16_cores"), 2.0)
+        return {"summary": {"count": 2, "ok": 1, "failed": 1, "configs_per_minute": 1.0, **times},
+                "valid_kernels": 1200, "dsl_arch": "sm_90a", "workers": 1, "failures": []}
+
+    monkeypatch.setattr(space_check, "run_check", run_check)
+
+
+def test_space_check_draws_a_bar_with_failures_above_it(fake_check, capsys):
+    with terminal() as term:
+        assert main(["space", "check", "--sample", "2"]) == 1
+    text = term.getvalue()
+    assert "compile: 100%" in text and "2/2" in text and "1 failed" in text
+    assert f"[2] {B.short()}: error" in text and "ptxas says no" in text
+    assert f"[1] {A.short()}" not in text  # successes only count in the bar
+    assert capsys.readouterr().out.startswith("sm90: compiled 2 of 1200 valid kernels")
+
+
+def test_space_check_logs_a_line_per_config_elsewhere(fake_check, capsys):
+    assert main(["space", "check", "--sample", "2"]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[0] for line in lines] == [f"[1] {A.short()}", f"[2] {B.short()}"]
+
+
+def test_space_check_quiet_prints_no_progress(fake_check, capsys):
+    with terminal() as term:
+        assert main(["space", "check", "--sample", "2", "--quiet"]) == 1
+    assert term.getvalue() == ""
+    assert capsys.readouterr().out.startswith("sm90: compiled 2")
