@@ -12,7 +12,8 @@ import pytest
 
 from cutetune import progress
 from cutetune.cli import main
-from cutetune.space import KernelConfig
+from cutetune.models import heuristics as hz
+from cutetune.space import GemmProblem, KernelConfig
 from cutetune.tuner.measure.collect import LOG_EVERY_S, Progress
 from cutetune.tuner.measure.space_check import CompileResult
 
@@ -122,3 +123,23 @@ def test_space_check_quiet_prints_no_progress(fake_check, capsys):
         assert main(["space", "check", "--sample", "2", "--quiet"]) == 1
     assert term.getvalue() == ""
     assert capsys.readouterr().out.startswith("sm90: compiled 2")
+
+
+# ---------------------------------------------------------------- emit
+class OneConfigModel:
+    def rank(self, problem, configs=None, top_k=None):
+        return [(A, 1.0), (B, 2.0)]
+
+    def prefers_cublas(self, problem):
+        return problem.m < 64
+
+
+def test_build_reports_each_cell_and_problem_and_builds_the_same_table():
+    grid = hz.Grid(m=(1, 64, 1024), n=(64, 4096), k=(64, 4096))
+    problems = [GemmProblem(3000, 64, 64), GemmProblem(64, 64, 64, arch="sm100")]
+    steps = []
+    h = hz.build(OneConfigModel(), "sm90", "bf16", grid=grid, problems=problems,
+                 progress=steps.append)
+    assert steps == [1] * (grid.size + len(problems))  # the other arch's problem counts too
+    plain = hz.build(OneConfigModel(), "sm90", "bf16", grid=grid, problems=problems)
+    assert h.to_json() == plain.to_json() and list(h.exact) == [problems[0].key()]
