@@ -7,6 +7,7 @@ per-problem metrics over the out-of-fold scores are held-out metrics of every pr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -26,10 +27,12 @@ class HeldOut:
 
 
 def held_out_scores(data: Measurements, X: np.ndarray, method: Method,
-                    splits: list[tuple[np.ndarray, np.ndarray]], seed: int = 0) -> HeldOut:
+                    splits: list[tuple[np.ndarray, np.ndarray]], seed: int = 0,
+                    on_fold: Callable[[], object] | None = None) -> HeldOut:
     """Out-of-fold scores of ``method`` over the test problems of ``splits`` (problem indices).
 
     Rows of problems in no test set keep a nan score; the metrics cover only tested problems.
+    ``on_fold()`` (a bar's ``update``) follows each fold's fit and scoring.
     """
     scores = np.full(len(data.time_ms), np.nan)
     tested = np.zeros(data.n_problems, bool)
@@ -40,6 +43,8 @@ def held_out_scores(data: Measurements, X: np.ndarray, method: Method,
         method.fit(data.subset(train), X[tr])
         scores[te] = method.score(data.subset(test), X[te])
         tested[test] = True
+        if on_fold:
+            on_fold()
     sub = data.subset(np.flatnonzero(tested))
     rows = data.rows_of(np.flatnonzero(tested))
     ps = score_problems(sub.time_ms, scores[rows], sub.group, sub.m, sub.cublas_ms, seed=seed)

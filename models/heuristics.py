@@ -355,14 +355,16 @@ Pick = tuple[tuple[KernelConfig, ...], bool]  # configs best first, and whether 
 
 def build(model, arch: str, dtype: str, top_k: int = FILE_TOP_K, grid: Grid = Grid(),
           problems: Iterable[GemmProblem] = (), meta: dict | None = None,
-          progress: Callable[[int, int], None] | None = None,
+          progress: Callable[[int], None] | None = None,
           measured: Mapping[str, Pick] | None = None,
           triton: TritonTable | None = None,
           swiglu: Mapping[str, KernelConfig | None] | None = None) -> Heuristics:
     """Freeze ``model``'s picks for every grid cell and for each of ``problems`` on
     (arch, dtype) into a Heuristics table; a problem in ``measured`` (by key) gets that pick
     instead of the model's (see ``measured_picks``). ``triton`` rides along as it is, and
-    ``swiglu`` (problem key -> fused config or None, ``swiglu.measured_fusions``) too."""
+    ``swiglu`` (problem key -> fused config or None, ``swiglu.measured_fusions``) too.
+    ``progress(1)`` (a bar's ``update``) follows each of the ``grid.size`` cells, then each
+    problem."""
     source = ModelHeuristics(model, top_k)
     index: dict[KernelConfig, int] = {}
     measured = measured or {}
@@ -371,12 +373,16 @@ def build(model, arch: str, dtype: str, top_k: int = FILE_TOP_K, grid: Grid = Gr
         configs, aten = measured.get(p.key()) or source.lookup(p)
         return aten, tuple(index.setdefault(c, len(index)) for c in configs[:top_k])
 
+    step = progress or (lambda n: None)
     cells: list[Entry | None] = []
-    for i, p in enumerate(grid.problems(arch, dtype)):
+    for p in grid.problems(arch, dtype):
         cells.append(None if p is None else entry(p))
-        if progress and (i + 1) % 1000 == 0:
-            progress(i + 1, grid.size)
-    exact = {p.key(): entry(p) for p in problems if (p.arch, p.dtype) == (arch, dtype)}
+        step(1)
+    exact = {}
+    for p in problems:
+        if (p.arch, p.dtype) == (arch, dtype):
+            exact[p.key()] = entry(p)
+        step(1)
     fused = {k: None if c is None else index.setdefault(c, len(index))
              for k, c in (swiglu or {}).items()}
     configs = tuple(sorted(index, key=index.__getitem__))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import progress
 from ..artifacts import package_versions
 from ..space.device import device_for
 
@@ -24,7 +25,7 @@ from .evaluate import group_kfold, leave_family_out, summarize, summarize_by_buc
 from .fallback import CublasFallback, FallbackOutcome, fallback_inputs, outcome
 from .features import dataset_features, problem_descriptors
 from .learners import BoosterModel
-from .methods import XGB_NAMES, baseline_methods, xgb_methods
+from .methods import XGB_NAMES, Method, baseline_methods, xgb_methods
 
 FALLBACK_QUANTILES = (0.5, 0.75, 0.9)
 RANKER_MARGIN = 0.005
@@ -87,7 +88,7 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
                                  options.threads) if options.baselines else []
 
     splits = group_kfold(data.n_problems, options.folds, options.seed)
-    cv = {m.name: held_out_scores(data, X, m, splits, options.seed) for m in learned + baselines}
+    cv = _held_out(data, X, learned + baselines, splits, options.seed, "cross-validation")
     chosen = _choose(cv, [m.name for m in learned])
     ev = Evaluation(arch, dtype, device.name, data.n_problems, len(data.time_ms), data.failed_rows,
                     {str(k): int(v) for k, v in
@@ -102,10 +103,11 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
         families = data.families
         lofo = leave_family_out(families)
         lofo_splits = [(tr, te) for _, tr, te in lofo]
-        for m in [x for x in learned if x.name == chosen] + baselines:
-            h = held_out_scores(data, X, m, lofo_splits, options.seed)
-            ev.lofo_summary[m.name] = {fam: summarize(h.problems, families == fam)
-                                       for fam, _, _ in lofo}
+        methods = [x for x in learned if x.name == chosen] + baselines
+        for name, h in _held_out(data, X, methods, lofo_splits, options.seed,
+                                 "leave-family-out").items():
+            ev.lofo_summary[name] = {fam: summarize(h.problems, families == fam)
+                                     for fam, _, _ in lofo}
 
     ranker = _final(chosen, options, X, data)
     timer = ranker if ranker.predicts_time else _final(XGB_NAMES["regression"], options, X, data)
@@ -120,6 +122,17 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
         "held_out_cv": ev.cv_summary[chosen]["all"], "cv_folds": options.folds,
         "seed": options.seed, "packages": _versions()}
     return CostModel(arch, dtype, device, ranker, timer, fallback, metadata), ev
+
+
+def _held_out(data: Measurements, X: np.ndarray, methods: list[Method], splits, seed: int,
+              desc: str) -> dict[str, HeldOut]:
+    """``held_out_scores`` of each method, a progress bar over their fits (method x fold)."""
+    with progress.bar(len(methods) * len(splits), desc, unit="fit") as bar:
+        out = {}
+        for m in methods:
+            bar.set_postfix_str(m.name)
+            out[m.name] = held_out_scores(data, X, m, splits, seed, on_fold=bar.update)
+        return out
 
 
 def _choose(cv: dict[str, HeldOut], names: list[str]) -> str:

@@ -436,6 +436,23 @@ def test_leave_family_out_and_leak_check(trained):
                         [(np.array([0, 1]), np.array([1, 2]))])
 
 
+def test_held_out_scores_reports_each_fold(trained):
+    """The progress hook of `cutetune train`'s bars: one call per fold, after its scores."""
+    from cutetune.models.crossval import held_out_scores
+    from cutetune.models.methods import Method
+
+    data = load_measurements(trained[0])
+    events = []
+
+    def score(d, X):
+        events.append("score")
+        return np.zeros(len(X))
+
+    h = held_out_scores(data, np.zeros((len(data.time_ms), 1)), Method("zero", "", score),
+                        group_kfold(data.n_problems, 3, 0), on_fold=lambda: events.append("fold"))
+    assert events == ["score", "fold"] * 3 and np.isfinite(h.row_scores).all()
+
+
 def test_problem_metrics():
     t = np.array([1.0, 2.0, 4.0, 1.5, 3.0])
     group = np.array([0, 0, 0, 1, 1])

@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+from .. import progress
 from ..artifacts import check_writable
 from ..errors import UserError
 from ..models.heuristics import (EXACT_MARGIN, FILE_TOP_K, Grid, Pick, _digest, build,
@@ -111,9 +112,9 @@ def _cmd_emit(args) -> int:
             "triton_steps": args.triton_steps, "swiglu_bench": args.swiglu_bench,
             "created": time.time()}
     t0 = time.perf_counter()
-    h = build(model, args.arch, args.dtype, args.top_k, grid, problems, meta,
-              progress=lambda i, n: print(f"  {i}/{n} cells", flush=True), measured=measured,
-              triton=triton, swiglu=swiglu)
+    with progress.bar(grid.size + len(problems), "emit", unit="entry") as bar:
+        h = build(model, args.arch, args.dtype, args.top_k, grid, problems, meta,
+                  progress=bar.update, measured=measured, triton=triton, swiglu=swiglu)
     path = h.save(args.out)
     quack = sum(not aten for aten, _ in h.exact.values())
     print(f"wrote {path}: {grid.size} grid cells, {len(h.exact)} recorded problems "

@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from .. import progress
 from ..artifacts import check_writable, write_atomic
 from ..space.config import KernelConfig
 from ..space.enumerate import axes, check_arch, compile_keys, enumerate_configs, grid
@@ -174,15 +175,33 @@ def cmd_check(args) -> int:
         check_writable(out, "--out report")  # now, not after an hour of compiles
     from ..tuner.measure.space_check import run_check  # compiles: needs quack, not a GPU
 
-    def progress(done: int, r) -> None:
-        if not args.quiet:
-            msg = f"{r.status} {r.seconds:6.2f}s" + (f"  {r.error[:160]}" if r.error else "")
-            print(f"[{done}] {r.config.short()}: {msg}", file=sys.stderr, flush=True)
+    bar = progress.bar(None, "compile", unit="kernel", quiet=args.quiet)
+    failed = 0
+
+    def show(done: int, total: int, r) -> None:
+        """On a terminal the bar, with each failure written above it; elsewhere (logs) one
+        line per compiled config, as a record of each verdict: a compile takes seconds, so
+        that is no flood."""
+        nonlocal failed
+        if args.quiet:
+            return
+        msg = f"{r.status} {r.seconds:6.2f}s" + (f"  {r.error[:160]}" if r.error else "")
+        line = f"[{done}] {r.config.short()}: {msg}"
+        if bar.disable:
+            print(line, file=sys.stderr, flush=True)
+            return
+        failed += not r.ok
+        if not r.ok:
+            bar.write(line, file=sys.stderr)
+        bar.total = total
+        bar.set_postfix_str(f"{failed} failed", refresh=False)
+        bar.update()
 
     gemm = args.gemm
-    report = run_check(arch, sample=args.sample, seed=args.seed, workers=args.workers,
-                       rejected=args.rejected, cache_dir=args.cache_dir,
-                       timeout_s=args.timeout, on_result=progress, gemm=gemm)
+    with bar:
+        report = run_check(arch, sample=args.sample, seed=args.seed, workers=args.workers,
+                           rejected=args.rejected, cache_dir=args.cache_dir,
+                           timeout_s=args.timeout, on_result=show, gemm=gemm)
     s = report["summary"]
     if args.json:
         _print({k: report[k] for k in report if k != "results"})

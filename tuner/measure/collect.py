@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ... import progress
 from ...models import dataset
 from ...space.config import KernelConfig
 from ...space.enumerate import enumerate_configs
@@ -31,6 +32,7 @@ from .grouped import ATEN_BACKEND
 from .timing import TimingPolicy, init_gpu_worker, measure
 
 CHUNK = 256  # configs per request: bounds the work a crash sends back to one-at-a-time
+LOG_EVERY_S = 10.0  # the status line's period where stderr is not a terminal
 
 
 def load_problems(spec: str, dtype: str, arch: str, seed: int
@@ -85,18 +87,37 @@ def configs_for(problem: GemmProblem, spec: str, seed: int) -> list[KernelConfig
 
 @dataclass
 class Progress:
+    """Collect's counts, shown as it runs. On a terminal a bar over the pending measurements
+    whose postfix says how compilation keeps up; elsewhere the full status line every
+    ``LOG_EVERY_S`` (not tqdm in a log: the GPU host's logs are read with ``| tail``, which
+    needs whole lines, and a bar there is one line of carriage returns)."""
+
     started: float = field(default_factory=time.monotonic)
     measured: int = 0
     by_status: dict = field(default_factory=lambda: defaultdict(int))
     last_print: float = 0.0
 
-    def line(self, pending: int, ex: GpuExecutor) -> str:
+    def compiles(self, ex: GpuExecutor) -> str:
         mins = (time.monotonic() - self.started) / 60
         c = ex.counters
+        return (f"kernels compiled {c.compiled} ({c.compiled / max(mins, 1e-9):.0f}/min), "
+                f"failed {c.compile_failed}, left {ex.kernels_left}; "
+                f"status {dict(self.by_status)}")
+
+    def line(self, pending: int, ex: GpuExecutor) -> str:
+        mins = (time.monotonic() - self.started) / 60
         return (f"[{mins * 60:6.0f}s] measured {self.measured} "
-                f"({self.measured / max(mins, 1e-9):.0f}/min), pending {pending}, kernels "
-                f"compiled {c.compiled} ({c.compiled / max(mins, 1e-9):.0f}/min), failed "
-                f"{c.compile_failed}, left {ex.kernels_left}; status {dict(self.by_status)}")
+                f"({self.measured / max(mins, 1e-9):.0f}/min), pending {pending}, "
+                + self.compiles(ex))
+
+    def show(self, bar, finished: int, pending: int, ex: GpuExecutor) -> None:
+        """Advance ``bar`` by the ``finished`` measurements, or without a bar log the line."""
+        if not bar.disable:
+            bar.set_postfix_str(self.compiles(ex), refresh=False)
+            bar.update(finished)  # miniters=0: redrawn each mininterval, finished or not
+        elif time.monotonic() - self.last_print > LOG_EVERY_S:
+            self.last_print = time.monotonic()
+            print(self.line(pending, ex), file=sys.stderr, flush=True)
 
 
 def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget_s: float = 1e9,
@@ -142,6 +163,7 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
     ex = GpuExecutor(arch, kernel_cache_dir(cache_dir), n_compile, policy,
                      depth=max(1, len(requests)), measure_fn=measure_fn, gpu_init=gpu_init,
                      compile_fn=compile_fn or compile_task)
+    bar = progress.bar(total, "measure", unit="config", miniters=0)
     try:
         for i, (request, configs) in enumerate(requests):
             ex.submit(i, request, configs)
@@ -150,18 +172,19 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
             within_budget = time.monotonic() - prog.started <= time_budget_s
             if not within_budget and not ex.measuring:
                 break
+            finished = 0
             for d in ex.poll(timeout=0.2, start=within_budget):
                 left -= 1
-                pending -= len(requests[d.job_id][1])
+                finished += len(requests[d.job_id][1])
                 for r in d.rows:
                     r["run_id"] = run_id
                     prog.by_status[r["status"]] += 1
                 dataset.append(out, d.rows)
                 prog.measured += len(d.rows)
-            if time.monotonic() - prog.last_print > 10:
-                prog.last_print = time.monotonic()
-                print(prog.line(pending, ex), file=sys.stderr, flush=True)
+            pending -= finished
+            prog.show(bar, finished, pending, ex)
     finally:
+        bar.close()
         ex.close()
     elapsed = time.monotonic() - prog.started
     c = ex.counters

@@ -129,10 +129,10 @@ def compile_pool(arch: str, cache_dir: str, workers: int = 2,
 
 
 def compile_configs(pool: IsolatedPool, arch: str, configs: list[KernelConfig],
-                    on_result: Callable[[int, CompileResult], None] | None = None,
+                    on_result: Callable[[int, int, CompileResult], None] | None = None,
                     gemm: str | None = None) -> list[CompileResult]:
     """Compile each config for ``check_problem(arch, gemm)`` in ``pool``; return one result
-    per config, in input order. ``on_result(done_count, result)`` sees progress."""
+    per config, in input order. ``on_result(done_count, total, result)`` sees progress."""
     problem = check_problem(arch, gemm)
     position = {pool.submit((problem, c)): i for i, c in enumerate(configs)}
     results: list[CompileResult | None] = [None] * len(configs)
@@ -144,7 +144,7 @@ def compile_configs(pool: IsolatedPool, arch: str, configs: list[KernelConfig],
             results[i] = CompileResult(configs[i], r.status, wall, _ANSI.sub("", r.error), cpu)
             done += 1
             if on_result:
-                on_result(done, results[i])
+                on_result(done, len(configs), results[i])
     return results  # type: ignore[return-value]
 
 
@@ -207,7 +207,7 @@ def _versions() -> dict:
 
 def run_check(arch: str, *, sample: int | None, seed: int = 0, workers: int = 2,
               rejected: int = 0, cache_dir: str | None = None, timeout_s: float = 300.0,
-              on_result: Callable[[int, CompileResult], None] | None = None,
+              on_result: Callable[[int, int, CompileResult], None] | None = None,
               gemm: str | None = None) -> dict:
     """Compile ``sample`` valid kernels (all when None) and ``rejected`` rule-rejected grid
     points of ``arch``, dense or of the grouped ``gemm``; return the JSON-ready report.
