@@ -1852,8 +1852,8 @@ TEMPLATE_CACHE_PROCESS = textwrap.dedent("""
     import json, re, torch
     from torch._inductor.utils import run_and_get_code
     from cutetune.tuner.inductor import choices as ich, decisions as idec, feedback as ifb, install as iin
-from cutetune.tuner.kernels import problems
-from cutetune.models import triton_mm as tmm
+    from cutetune.tuner.kernels import problems
+    from cutetune.models import triton_mm as tmm
     from cutetune.tuner.inductor.template_cache import TemplateKernelCache, stored_templates
     torch.manual_seed(0)
     x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
@@ -1893,8 +1893,8 @@ FRESH_PROCESS = textwrap.dedent("""
     import json, sys, torch
     from torch._dynamo.utils import counters
     from cutetune.tuner.inductor import choices as ich, decisions as idec, feedback as ifb, install as iin
-from cutetune.tuner.kernels import problems
-from cutetune.models import triton_mm as tmm
+    from cutetune.tuner.kernels import problems
+    from cutetune.models import triton_mm as tmm
     idec.QUACK_LAUNCH_HOST_US = 0.0  # a small shape: the plumbing, not the host-bound rule
     torch.manual_seed(0)
     lin = torch.nn.Linear(1024, 2048, bias=True).cuda().to(torch.bfloat16)
