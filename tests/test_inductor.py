@@ -1687,7 +1687,7 @@ def test_gpu_compiled_llama_mlp(tmp_path, mode, dtype, monkeypatch, caplog):
     send."""
     from torch._inductor.utils import fresh_cache, run_and_get_code
 
-    caplog.set_level(logging.INFO, logger="cutetune.tuner.inductor.choices")
+    caplog.set_level(logging.INFO, logger="cutetune.tuner.inductor")
     monkeypatch.setattr(idec, "QUACK_LAUNCH_HOST_US", 0.0)  # small shapes: plumbing, not the rule
     torch.manual_seed(0)
     mlp = LlamaMLP().cuda().to(dtype)
