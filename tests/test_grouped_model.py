@@ -21,11 +21,12 @@ import pytest
 
 from cutetune.artifacts import sealed_json
 from cutetune.cli import main
-from cutetune.models import ModelError, load_model
+from cutetune.models import CostModel, ModelError, load_model
 from cutetune.models.data import Measurements, load_measurements
 from cutetune.models.dataset import SCHEMA_VERSION, append, load
 from cutetune.models.features import dataset_features, problem_descriptors
 from cutetune.models.kinds import DENSE, GROUPED, KINDS, kind_of
+from cutetune.models.learners import BoosterModel
 from cutetune.models.methods import best_fixed_config
 from cutetune.models.predict import predict
 from cutetune.space import GemmProblem, KernelConfig, ProblemError, enumerate_configs
@@ -202,7 +203,16 @@ def test_a_dataset_without_the_kind_asked_is_named(trained, tmp_path, capsys):
                  "--folds", "2"]) == 2
     err = capsys.readouterr().err
     assert "the dataset holds no dense problems" in err and len(err.splitlines()) == 1
+
+
 # ---------------------------------------------------------------- the model file
+def _sealed(tmp_path, d: dict):
+    """``d`` written as a model file with a valid checksum: the checks after it are tested."""
+    f = tmp_path / "edited.json"
+    f.write_bytes(sealed_json(d))
+    return f
+
+
 def test_grouped_model_file_ranks_grouped_problems_only(trained, tmp_path):
     path = trained[1]
     d = json.loads(path.read_text())
@@ -229,17 +239,8 @@ def test_grouped_model_file_ranks_grouped_problems_only(trained, tmp_path):
                    kind="grouped")  # a file without a kind is a dense model's
 
 
-def _sealed(tmp_path, d: dict):
-    f = tmp_path / "edited.json"
-    f.write_bytes(sealed_json(d))
-    return f
-
-
 def test_a_dense_model_refuses_grouped_problems(trained, tmp_path):
     data = load_measurements(trained[0])
-    from cutetune.models.artifact import CostModel
-    from cutetune.models.learners import BoosterModel
-
     X = dataset_features(data, H200)
     # a booster of dense feature rows (any numbers of that width: it never predicts here)
     dense_rows = BoosterModel(n_estimators=2, max_depth=2).fit(
