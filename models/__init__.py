@@ -1,4 +1,5 @@
-"""Cost models: learn kernel time from measurements, rank configs, decide the cuBLAS fallback.
+"""Cost models: learn kernel time from measurements, rank configs, decide the ATen fallback
+(cuBLAS; torch._grouped_mm for grouped GEMMs), one model per kind of problem (``kinds``).
 
 The names below load on first use: compile-time code imports light submodules
 (``models.triton_mm``) without paying for the learners' imports."""

@@ -1,9 +1,12 @@
 """The trained cost model as one versioned JSON file, and the object that answers queries.
 
-The file holds the XGBoost boosters (UBJ, base64) next to what is needed to trust them: arch,
-dtype and device, the feature schema (space.features.FEATURE_NAMES at training time), package
-versions, the sha256 of the training data and the held-out metrics. Loading checks all of it
-against this installation and names the file and the mismatch instead of mis-predicting.
+The file holds the XGBoost boosters (UBJ, base64) next to what is needed to trust them: the
+kind of problem it ranks (``kinds``: dense or grouped GEMMs; a file without one is a dense
+model, as every file was before grouped models), arch, dtype and device, the feature schema
+(the kind's feature names at training time), package versions, the sha256 of the training data
+and the held-out metrics. Loading checks all of it against this installation and the request,
+and names the file and the mismatch instead of mis-predicting. A model of one kind refuses to
+rank a problem of the other: each kind has its own file (``shipped_model_path``).
 
 Since format version 2 the file carries a checksum of all its bytes (``cutetune.artifacts``),
 checked before XGBoost sees a booster: XGBoost's loader trusts its input, and a changed
@@ -24,12 +27,12 @@ from ..artifacts import read_artifact, sealed_json, write_atomic
 from ..errors import ArtifactError
 from ..space.config import KernelConfig
 from ..space.device import DeviceSpec, device_for
-from ..space.features import FEATURE_NAMES
-from ..space.problem import GemmProblem, ProblemError
-from ..space.rules import violations
+from ..space.problem import GemmProblem, GroupedProblem, ProblemError
+from ..space.rules import family_of, violations
 
 from .fallback import CublasFallback, fallback_inputs
 from .features import ConfigTable, arch_config_table, problem_descriptors
+from .kinds import ProblemKind, kind_named, kind_of
 from .learners import BoosterModel
 
 FORMAT = "cutetune-cost-model"
@@ -42,8 +45,11 @@ class ModelError(ArtifactError):
     """A model file that cannot be used: missing, corrupt, or made for something else."""
 
 
-def shipped_model_path(arch: str = "sm90", dtype: str = "bf16") -> Path:
-    return Path(str(resources.files("cutetune") / "data" / f"cost_model_{arch}_{dtype}.json"))
+def shipped_model_path(arch: str = "sm90", dtype: str = "bf16", kind: str = "dense") -> Path:
+    """Where the packaged model of ``kind`` problems on ``arch``/``dtype`` is (or would be)."""
+    suffix = "" if kind_named(kind).name == "dense" else f"_{kind}"
+    name = f"cost_model_{arch}_{dtype}{suffix}.json"
+    return Path(str(resources.files("cutetune") / "data" / name))
 
 
 @dataclass
@@ -51,7 +57,8 @@ class CostModel:
     """Ranks kernel configs of a problem by predicted time.
 
     ``ranker`` orders configs; ``timer`` predicts log times (ms) and is the ranker itself
-    when the ranker is a regression. ``fallback`` (optional) says when cuBLAS is the safer bet.
+    when the ranker is a regression. ``fallback`` (optional) says when ATen (cuBLAS, or
+    torch._grouped_mm for grouped GEMMs) is the safer bet. The boosters' kind is the model's.
     """
 
     arch: str
@@ -61,20 +68,37 @@ class CostModel:
     timer: BoosterModel
     fallback: CublasFallback | None = None
     metadata: dict = field(default_factory=dict)
-    _space: ConfigTable | None = field(default=None, repr=False)
+    _spaces: dict[str, ConfigTable] = field(default_factory=dict, repr=False)  # by family
 
-    def _check(self, problem: GemmProblem) -> None:
+    def __post_init__(self) -> None:
+        if self.ranker.kind != self.timer.kind:
+            raise ValueError(f"the ranker reads {self.ranker.kind} problems' features, the time "
+                             f"model {self.timer.kind} ones'")
+
+    @property
+    def kind(self) -> ProblemKind:
+        """The kind of problem the model ranks."""
+        return kind_named(self.ranker.kind)
+
+    def _check(self, problem: GemmProblem | GroupedProblem) -> None:
+        kind = kind_of(problem)
+        if kind is not self.kind:
+            raise ProblemError(f"this cost model ranks {self.kind.name} GEMMs; {problem.key()} is "
+                               f"a {kind.name} one (its model is a file of its own)")
         if (problem.arch, problem.dtype) != (self.arch, self.dtype):
             raise ProblemError(f"this cost model is for {self.arch}/{self.dtype}; the problem is "
                                f"{problem.arch}/{problem.dtype}")
 
-    def _table(self, problem: GemmProblem, configs) -> tuple[ConfigTable, np.ndarray | None]:
-        """The configs to score and a row mask: all valid ones of the arch when ``configs`` is
-        None; else ``configs`` as given, each checked valid for the problem."""
+    def _table(self, problem, configs) -> tuple[ConfigTable, np.ndarray | None]:
+        """The configs to score and a row mask: all valid ones of the problem's config family
+        on the arch when ``configs`` is None; else ``configs`` as given, each checked valid for
+        the problem."""
         if configs is None:
-            if self._space is None:
-                self._space = arch_config_table(self.arch)
-            return self._space, self._space.valid_mask(problem)
+            family = family_of(problem)
+            if family not in self._spaces:
+                self._spaces[family] = arch_config_table(self.arch, family)
+            space = self._spaces[family]
+            return space, space.valid_mask(problem)
         configs = list(configs)
         if not configs:
             raise ValueError("no configs to rank")
@@ -85,20 +109,20 @@ class CostModel:
                                  f"{bad[0].name}: {bad[0].why}")
         return ConfigTable.of(configs), None
 
-    def predict_log_time(self, problem: GemmProblem, configs) -> np.ndarray:
+    def predict_log_time(self, problem, configs) -> np.ndarray:
         """Predicted natural log of the time in ms of each config on ``problem``."""
         self._check(problem)
         table, mask = self._table(problem, configs)
         return self.timer.predict(table.features(problem, self.device, mask))
 
-    def rank(self, problem: GemmProblem, configs=None, top_k: int | None = None
+    def rank(self, problem, configs=None, top_k: int | None = None
              ) -> list[tuple[KernelConfig, float]]:
         """(config, predicted ms), in the ranker's order; all valid configs when None. The ms
         come from the time model, so with a ranking objective they need not be monotone
         (``scored`` gives the ranker's own score beside them)."""
         return [(c, ms) for c, _, ms in self.scored(problem, configs, top_k)]
 
-    def scored(self, problem: GemmProblem, configs=None, top_k: int | None = None
+    def scored(self, problem, configs=None, top_k: int | None = None
                ) -> list[tuple[KernelConfig, float, float]]:
         """(config, ranker score, predicted ms), best first: the order is the ranker's score's
         (lower is better; the predicted log ms when the ranker is the time model)."""
@@ -112,24 +136,34 @@ class CostModel:
         return list(zip(map(table.configs.__getitem__, rows.tolist()), score[order].tolist(),
                         np.exp(log_ms).tolist()))
 
-    def cublas_margin(self, problem: GemmProblem, configs=None) -> float:
-        """The fallback's quantile of log(t_top1 / t_cuBLAS), top-1 among ``configs`` (None:
-        the valid space): below 0 means the model is that confident its pick beats cuBLAS."""
+    def aten_margin(self, problem, configs=None) -> float:
+        """The fallback's quantile of log(t_top1 / t_ATen), top-1 among ``configs`` (None: the
+        valid space), ATen being the kind's baseline (cuBLAS, or torch._grouped_mm): below 0
+        means the model is that confident its pick beats ATen."""
         if self.fallback is None:
-            raise ModelError("this cost model was trained without cuBLAS timings: no fallback")
+            raise ModelError(f"this cost model was trained without {self.kind.baseline} "
+                             f"timings: no fallback")
         (_, ms), = self.rank(problem, configs, top_k=1)
         x = fallback_inputs(problem_descriptors([problem], self.device), np.log([ms]))
         return float(self.fallback.predict(x)[0])
 
+    def prefers_aten(self, problem, configs=None) -> bool:
+        """Whether predicted mode should run ATen instead of the model's top-1."""
+        return self.aten_margin(problem, configs) > 0.0
+
     def prefers_cublas(self, problem: GemmProblem, configs=None) -> bool:
-        """Whether predicted mode should run cuBLAS instead of the model's top-1."""
-        return self.cublas_margin(problem, configs) > 0.0
+        """``prefers_aten`` of a dense GEMM (ATen's mm runs cuBLAS): what Inductor's
+        integration and the heuristics ask a dense model."""
+        if not isinstance(problem, GemmProblem):
+            raise ProblemError(f"cuBLAS runs dense GEMMs; {problem.key()} is "
+                               f"{kind_of(problem).name}: ask prefers_aten")
+        return self.prefers_aten(problem, configs)
 
     # ------------------------------------------------------------ file format
     def to_dict(self) -> dict:
-        d = {"format": FORMAT, "format_version": FORMAT_VERSION, "arch": self.arch,
-             "dtype": self.dtype, "device": self.device.name,
-             "feature_names": list(FEATURE_NAMES), "metadata": self.metadata,
+        d = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": self.kind.name,
+             "arch": self.arch, "dtype": self.dtype, "device": self.device.name,
+             "feature_names": list(self.kind.feature_names), "metadata": self.metadata,
              "ranker": self.ranker.to_dict()}
         if self.timer is not self.ranker:
             d["timer"] = self.timer.to_dict()
@@ -143,21 +177,30 @@ class CostModel:
 
 
 def load_model(path: str | os.PathLike | None = None, arch: str = "sm90",
-               dtype: str = "bf16") -> CostModel:
-    """Load a model file (None: the one shipped for ``arch``/``dtype``), checked against this
-    installation; ModelError names the file and what is wrong with it."""
-    path = Path(path) if path is not None else shipped_model_path(arch, dtype)
+               dtype: str = "bf16", kind: str = "dense") -> CostModel:
+    """Load a model file of ``kind`` problems (None: the one shipped for ``arch``/``dtype``),
+    checked against this installation; ModelError names the file and what is wrong with it."""
+    shipped = shipped_model_path(arch, dtype, kind)
+    path = Path(path) if path is not None else shipped
     if not path.exists():
-        hint = (" (no model is shipped for this arch/dtype yet: train one with `cutetune train`)"
-                if path == shipped_model_path(arch, dtype) else "")
+        hint = ""
+        if path == shipped:
+            what = "" if kind == "dense" else f"{kind} "
+            data = "" if kind == "dense" else f" on a dataset of {kind} measurements"
+            hint = (f" (no {what}model is shipped for {arch}/{dtype} yet: train one with "
+                    f"`cutetune train`{data})")
         raise ModelError(f"cost model file {path} does not exist{hint}")
     d, _ = read_artifact(path, FORMAT, "format_version", FORMAT_VERSION, WHAT, RETRAIN,
                          ModelError)
+    theirs = d.get("kind", "dense")  # a file from before grouped models ranks dense GEMMs
+    if theirs != kind:
+        raise ModelError(f"cost model {path} ranks {theirs} GEMMs, not the requested {kind} ones")
     if (d.get("arch"), d.get("dtype")) != (arch, dtype):
         raise ModelError(f"cost model {path} is for {d.get('arch')}/{d.get('dtype')}, "
                          f"not the requested {arch}/{dtype}")
-    if d.get("feature_names") != list(FEATURE_NAMES):
-        theirs, ours = d.get("feature_names") or [], list(FEATURE_NAMES)
+    names = list(kind_named(kind).feature_names)
+    if d.get("feature_names") != names:
+        theirs, ours = d.get("feature_names") or [], names
         diff = sorted(set(theirs) ^ set(ours)) or ["(same names, different order)"]
         raise ModelError(f"cost model {path} was trained on another feature schema than this "
                          f"cutetune computes (differs in: {', '.join(map(str, diff[:8]))}); "
@@ -167,9 +210,13 @@ def load_model(path: str | os.PathLike | None = None, arch: str = "sm90",
         timer = BoosterModel.from_dict(d["timer"]) if "timer" in d else ranker
         fallback = CublasFallback.from_dict(d["fallback"]) if "fallback" in d else None
         device = device_for(d["device"])
+        model = CostModel(arch, dtype, device, ranker, timer, fallback, d.get("metadata", {}))
     except Exception as e:  # noqa: BLE001  (checksummed, yet not what this cutetune writes)
         raise ModelError(f"cost model {path} is damaged: {type(e).__name__}: {e}") from None
+    if model.kind.name != kind:
+        raise ModelError(f"cost model {path} is damaged: it says it ranks {kind} GEMMs, its "
+                         f"boosters read {model.kind.name} GEMMs' features")
     if not timer.predicts_time:
         raise ModelError(f"cost model {path} has no time model (timer objective "
                          f"{timer.objective!r})")
-    return CostModel(arch, dtype, device, ranker, timer, fallback, d.get("metadata", {}))
+    return model

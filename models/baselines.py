@@ -4,7 +4,7 @@ A heuristic names one config (or a short list); the dataset may not hold exactly
 so it is scored by its distance to each measured one and the nearest measured config stands
 in for it (the report says how often the exact pick was measured). Distances add log2 ratios
 of tile and cluster extents and split-K, plus fixed costs for a different orientation (swap_ab),
-mode (pingpong) or swizzle.
+mode (pingpong), scheduler (dynamic persistent) or swizzle.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..space.enumerate import enumerate_configs
 from ..space.features import config_columns
 from ..space.problem import GemmProblem
 
-SWAP_COST, PINGPONG_COST, SWIZZLE_COST = 4.0, 0.5, 0.25
+SWAP_COST, PINGPONG_COST, DYNAMIC_COST, SWIZZLE_COST = 4.0, 0.5, 0.5, 0.25
 NVMMH_GPU = {"sm90": "H200_SXM", "sm100": "B200"}
 NVMMH_PRECISION = {"bf16": "TST", "fp16": "HSH"}  # nvMatmulHeuristics.h: T=bf16, H=fp16, S=fp32
 NVMMH_COUNT = 8  # picks asked per orientation: enough to fill a top-10 from both
@@ -27,12 +27,21 @@ NVMMH_COUNT = 8  # picks asked per orientation: enough to fill a top-10 from bot
 
 def config_distance(cols: Mapping[str, np.ndarray], c: KernelConfig) -> np.ndarray:
     """Distance of each row of config columns to config ``c`` (0 for the same config)."""
-    lg = lambda name, v: np.abs(np.log2(np.asarray(cols[name], float) / v))  # noqa: E731
-    return (lg("tile_m", c.tile_m) + lg("tile_n", c.tile_n) + lg("cluster_m", c.cluster_m)
-            + lg("cluster_n", c.cluster_n) + lg("split_k", c.split_k)
-            + SWAP_COST * (np.asarray(cols["swap_ab"]).astype(bool) != c.swap_ab)
-            + PINGPONG_COST * (np.asarray(cols["pingpong"]).astype(bool) != c.pingpong)
-            + SWIZZLE_COST * (np.asarray(cols["max_swizzle_size"]) != c.max_swizzle_size))
+    return columns_distance(cols, config_columns([c]))
+
+
+def columns_distance(cols: Mapping[str, np.ndarray], other: Mapping[str, np.ndarray]
+                     ) -> np.ndarray:
+    """``config_distance`` between config columns, broadcast numpy-wise: rows (1, R) against
+    candidates (C, 1) give every pair's distance."""
+    lg = lambda name: np.abs(np.log2(np.asarray(cols[name], float) / other[name]))  # noqa: E731
+    differ = lambda name: (np.asarray(cols[name]).astype(bool)  # noqa: E731
+                           != np.asarray(other[name]).astype(bool))
+    return (lg("tile_m") + lg("tile_n") + lg("cluster_m") + lg("cluster_n") + lg("split_k")
+            + SWAP_COST * differ("swap_ab") + PINGPONG_COST * differ("pingpong")
+            + DYNAMIC_COST * differ("is_dynamic_persistent")
+            + SWIZZLE_COST * (np.asarray(cols["max_swizzle_size"])
+                              != np.asarray(other["max_swizzle_size"])))
 
 
 def map_onto(configs, picks: list[KernelConfig]) -> list[KernelConfig]:

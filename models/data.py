@@ -1,9 +1,10 @@
 """The training view of a measurement dataset: ok quack rows grouped by problem, plus the
-cuBLAS time of each problem.
+ATen baseline's time of each problem.
 
 Rows are sorted by problem so that a problem is one contiguous run (what ranking objectives
 and the evaluation expect). Failed rows (compile errors, timeouts, ...) carry no time and are
-left out; they are counted so a report can say how many there were.
+left out; they are counted so a report can say how many there were. A view holds one kind of
+problem (``kinds``): a dataset of dense and grouped rows is read one kind at a time.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .dataset import CONFIG_COLUMNS, PROBLEM_COLUMNS, DatasetError, load, parts
+from .dataset import CONFIG_COLUMNS, DatasetError, load, parts, problem_of
+from .kinds import KINDS, ProblemKind, kind_named, kind_of
 from ..space.enumerate import enumerate_configs
-from ..space.problem import GemmProblem
+from ..space.problem import GemmProblem, GroupedProblem
 
-ROW_COLUMNS = PROBLEM_COLUMNS + CONFIG_COLUMNS
 SWEEP_SUFFIX = "_exhaustive"  # space.suites names full sweeps of a family "<family>_exhaustive"
 
 
@@ -34,18 +35,19 @@ def family_of(suite: str) -> str:
 
 @dataclass(frozen=True)
 class Measurements:
-    """ok quack rows (sorted by problem) and per-problem facts.
+    """ok quack rows (sorted by problem) and per-problem facts, of problems of one kind.
 
     cols: problem and config columns of each row, as numpy arrays (what the feature pipeline
     reads). group: problem index of each row. problems/suites/cublas_ms/swept: one entry per
-    problem; cublas_ms is nan where the baseline was not measured ok; swept is True where every
-    valid config of the problem was measured (ok or not), so its best is the space's best.
+    problem; cublas_ms is the time of the kind's ATen baseline (torch.mm's cuBLAS, or
+    torch._grouped_mm), nan where it was not measured ok; swept is True where every valid
+    config of the problem was measured (ok or not), so its best is the space's best.
     """
 
     cols: dict[str, np.ndarray]
     time_ms: np.ndarray
     group: np.ndarray
-    problems: tuple[GemmProblem, ...]
+    problems: tuple[GemmProblem, ...] | tuple[GroupedProblem, ...]
     suites: np.ndarray
     cublas_ms: np.ndarray
     swept: np.ndarray
@@ -61,8 +63,13 @@ class Measurements:
         return np.array([family_of(s) for s in self.suites], dtype=object)
 
     @property
+    def kind(self) -> ProblemKind:
+        return kind_of(self.problems[0])
+
+    @property
     def m(self) -> np.ndarray:
-        return np.array([p.m for p in self.problems])
+        """The size that buckets each problem (``ProblemKind.size``: M, or the routed rows)."""
+        return np.array([self.kind.size(p) for p in self.problems])
 
     def rows_of(self, problem_idx: np.ndarray) -> np.ndarray:
         """Row indices of the given problems, in problem order."""
@@ -88,8 +95,30 @@ def _numpy(table: pa.Table, name: str) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
 
 
-def from_table(table: pa.Table) -> Measurements:
-    """Build Measurements from a dataset table (``cutetune.models.dataset.load``)."""
+def of_kind(table: pa.Table, kind: str | None = None) -> tuple[ProblemKind, pa.Table]:
+    """The rows of the dataset's problems of one kind: ``kind`` ("dense" or "grouped"), else
+    the only kind the dataset holds. DatasetError when it holds both and ``kind`` is None, or
+    none of ``kind``: a cost model ranks one kind of problem."""
+    grouped = pc.is_valid(table.column("experts"))
+    masks = {"dense": pc.invert(grouped), "grouped": grouped}
+    problems = {k: len(set(table.filter(m).column("problem_key").to_pylist()))
+                for k, m in masks.items()}
+    held = " and ".join(f"{n} {k}" for k, n in problems.items() if n) or "no"
+    if kind is None:
+        present = [k for k, n in problems.items() if n]
+        if len(present) > 1:
+            raise DatasetError(f"the dataset holds {held} problems; a cost model ranks one kind: "
+                               f"choose it (cutetune train --kind dense, or --kind grouped)")
+        kind = present[0] if present else "dense"
+    elif not problems[kind_named(kind).name]:
+        raise DatasetError(f"the dataset holds no {kind} problems ({held} problems)")
+    return KINDS[kind], table.filter(masks[kind])
+
+
+def from_table(table: pa.Table, kind: str | None = None) -> Measurements:
+    """Build Measurements from a dataset table (``cutetune.models.dataset.load``), of its
+    problems of ``kind`` (see ``of_kind``)."""
+    kind, table = of_kind(table, kind)
     devices = sorted(set(table.column("device_name").drop_null().to_pylist()))
     if len(devices) != 1:
         raise DatasetError(f"a cost model trains on one device's timings; the dataset has "
@@ -98,7 +127,8 @@ def from_table(table: pa.Table) -> Measurements:
     ok = pc.and_(pc.equal(table.column("status"), "ok"), pc.is_valid(table.column("time_ms")))
     quack = table.filter(pc.and_(ok, pc.equal(table.column("backend"), "quack")))
     failed = table.filter(pc.and_(pc.invert(ok), pc.equal(table.column("backend"), "quack")))
-    cublas = table.filter(pc.and_(ok, pc.equal(table.column("backend"), "cublas")))
+    baseline = table.filter(pc.and_(ok, pc.equal(table.column("backend"),
+                                                 kind.baseline_backend)))
     if quack.num_rows == 0:
         raise DatasetError("the dataset has no ok quack rows to train on")
     # A config measured more than once (e.g. a re-run) counts once, at its median time.
@@ -117,18 +147,14 @@ def from_table(table: pa.Table) -> Measurements:
     keys = keys[rows]
 
     problem_keys, group = np.unique(keys, return_inverse=True)
-    cols = {c: _numpy(quack, c)[rows] for c in ROW_COLUMNS}
+    cols = {c: _numpy(quack, c)[rows] for c in kind.problem_columns + CONFIG_COLUMNS}
     first_row = np.searchsorted(keys, problem_keys)
-    problems = tuple(
-        GemmProblem(m=int(cols["m"][r]), n=int(cols["n"][r]), k=int(cols["k"][r]),
-                    batch=int(cols["batch"][r]), dtype=cols["dtype"][r],
-                    out_dtype=cols["out_dtype"][r], a_major=cols["a_major"][r],
-                    b_major=cols["b_major"][r], arch=cols["arch"][r])
-        for r in first_row)
+    problems = tuple(problem_of({c: cols[c][r] for c in kind.problem_columns})
+                     for r in first_row)
     suites = _numpy(quack, "suite")[rows][first_row]
     suites = np.array([s if s else "unknown" for s in suites], dtype=object)
 
-    cub = dict(zip(_numpy(cublas, "problem_key"), _numpy(cublas, "time_ms").astype(float)))
+    cub = dict(zip(_numpy(baseline, "problem_key"), _numpy(baseline, "time_ms").astype(float)))
     cublas_ms = np.array([cub.get(k, np.nan) for k in problem_keys])
     tried = table.filter(pc.equal(table.column("backend"), "quack"))
     n_tried = Counter(k for k, _ in set(zip(_numpy(tried, "problem_key").tolist(),
@@ -140,8 +166,8 @@ def from_table(table: pa.Table) -> Measurements:
                         failed_rows=failed.num_rows)
 
 
-def load_measurements(path: str | os.PathLike) -> Measurements:
-    return from_table(load(path))
+def load_measurements(path: str | os.PathLike, kind: str | None = None) -> Measurements:
+    return from_table(load(path), kind)
 
 
 def dataset_sha256(path: str | os.PathLike) -> str:

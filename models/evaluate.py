@@ -15,6 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 M_BUCKETS = ((1, 64), (65, 512), (513, 4096), (4097, None))
+# Grouped GEMMs by their routed rows (tokens x top-k): decode steps of a top-8 model up to 128
+# tokens, then up to 1024, 8192 tokens, and beyond.
+M_TOTAL_BUCKETS = ((1, 1024), (1025, 8192), (8193, 65536), (65537, None))
 TOP_KS = (1, 5, 10)
 # Graded relevance of a config by its slowdown over the problem's best: within 1% is grade 5,
 # ... , beyond 20% is 0. Used by NDCG@5 and as the label of the ranking objectives, so the
@@ -23,13 +26,13 @@ RELEVANCE_SLOWDOWNS = (0.01, 0.03, 0.05, 0.10, 0.20)
 NDCG_K = 5
 
 
-def bucket_name(lo: int, hi: int | None) -> str:
-    return f"M {lo}-{hi}" if hi else f"M >{lo - 1}"
+def bucket_name(lo: int, hi: int | None, label: str = "M") -> str:
+    return f"{label} {lo}-{hi}" if hi else f"{label} >{lo - 1}"
 
 
-def m_bucket(m: np.ndarray) -> np.ndarray:
-    """Index into M_BUCKETS of each M."""
-    edges = np.array([hi for _, hi in M_BUCKETS[:-1]])
+def m_bucket(m: np.ndarray, buckets=M_BUCKETS) -> np.ndarray:
+    """Index into ``buckets`` of each M."""
+    edges = np.array([hi for _, hi in buckets[:-1]])
     return np.searchsorted(edges, np.asarray(m), side="left")
 
 
@@ -73,7 +76,9 @@ def leave_family_out(families: np.ndarray) -> list[tuple[str, np.ndarray, np.nda
 # ---------------------------------------------------------------- per-problem metrics
 @dataclass(frozen=True)
 class ProblemScores:
-    """One value per problem. eff[k] is t_best / (best time among the top-k picks)."""
+    """One value per problem. eff[k] is t_best / (best time among the top-k picks). ``m`` is
+    the size the buckets split (M; a grouped problem's routed rows) and ``cublas_ms`` the ATen
+    baseline's time (torch.mm's cuBLAS; a grouped problem's torch._grouped_mm)."""
 
     m: np.ndarray
     eff: dict[int, np.ndarray]
@@ -82,7 +87,7 @@ class ProblemScores:
     top1_ms: np.ndarray
     top1_row: np.ndarray   # index of the top-1 row among the rows scored
     best_ms: np.ndarray
-    cublas_ms: np.ndarray  # nan where no cuBLAS time was measured
+    cublas_ms: np.ndarray  # nan where no baseline time was measured
 
 
 def _ndcg(order: np.ndarray, rel: np.ndarray, k: int) -> float:
@@ -156,11 +161,18 @@ def summarize(ps: ProblemScores, mask: np.ndarray | None = None) -> dict[str, fl
     return out
 
 
-def summarize_by_bucket(ps: ProblemScores) -> dict[str, dict[str, float]]:
-    """``summarize`` for all problems and for each M bucket that has problems."""
+def summarize_by_bucket(ps: ProblemScores, buckets=M_BUCKETS,
+                        label: str = "M") -> dict[str, dict[str, float]]:
+    """``summarize`` for all problems and for each bucket of their size (``ps.m``) that has
+    problems."""
     out = {"all": summarize(ps)}
-    b = m_bucket(ps.m)
-    for i, (lo, hi) in enumerate(M_BUCKETS):
-        if np.any(b == i):
-            out[bucket_name(lo, hi)] = summarize(ps, b == i)
+    for name, mask in bucket_masks(ps.m, buckets, label).items():
+        out[name] = summarize(ps, mask)
     return out
+
+
+def bucket_masks(m: np.ndarray, buckets=M_BUCKETS, label: str = "M") -> dict[str, np.ndarray]:
+    """Bucket name -> mask of the problems of that size, for each bucket that has problems."""
+    b = m_bucket(m, buckets)
+    return {bucket_name(lo, hi, label): b == i for i, (lo, hi) in enumerate(buckets)
+            if np.any(b == i)}

@@ -1,9 +1,11 @@
-"""When to run cuBLAS instead of the model's pick: a calibrated quantile of the pick's slowdown.
+"""When to run ATen instead of the model's pick: a calibrated quantile of the pick's slowdown.
 
-The target per problem is log(t_pick / t_cuBLAS), measured, where the pick is the cost model's
-top-1 chosen WITHOUT having seen the problem (an out-of-fold pick): an in-sample pick would be
-too good and the fallback too bold. The inputs are the problem-only features and the cost
-model's predicted log time of its pick.
+ATen is the problem kind's baseline (``kinds.ProblemKind.baseline``): torch.mm, which runs
+cuBLAS, for a dense GEMM, and torch._grouped_mm for a grouped one; "cuBLAS" below stands for
+either. The target per problem is log(t_pick / t_cuBLAS), measured, where the pick is the
+cost model's top-1 chosen WITHOUT having seen the problem (an out-of-fold pick): an in-sample
+pick would be too good and the fallback too bold. The inputs are the problem-only features and
+the cost model's predicted log time of its pick.
 
 A small XGBoost regression predicts the target; its ``quantile`` quantile is that prediction
 plus the ``quantile`` quantile of its own out-of-fold residuals (split-conformal calibration:
@@ -33,6 +35,9 @@ def fallback_inputs(descriptors: np.ndarray, pick_log_ms: np.ndarray) -> np.ndar
 
 @dataclass
 class CublasFallback:
+    """The fallback model (named for a dense GEMM's baseline; a grouped model's compares its
+    pick with torch._grouped_mm the same way)."""
+
     quantile: float = 0.75
     n_estimators: int = 100
     max_depth: int = 3
@@ -54,8 +59,8 @@ class CublasFallback:
         (nan where either time is missing)."""
         ok = np.isfinite(log_ratio)
         if ok.sum() < CALIBRATION_FOLDS:
-            raise ValueError(f"the cuBLAS fallback needs >= {CALIBRATION_FOLDS} problems with "
-                             f"both a pick and a cuBLAS time, got {int(ok.sum())}")
+            raise ValueError(f"the ATen fallback needs >= {CALIBRATION_FOLDS} problems with "
+                             f"both a pick and an ATen time, got {int(ok.sum())}")
         X, y = X[ok], log_ratio[ok]
         folds = np.array_split(np.random.default_rng(self.seed).permutation(len(y)),
                                CALIBRATION_FOLDS)
@@ -103,6 +108,7 @@ class FallbackOutcome:
     oracle_vs_cublas: float    # the better of the two per problem, for reference
     regressed: float           # share of problems where the choice is > REGRESSION slower than cuBLAS
     problems: int
+    worst_vs_cublas: float     # the least t_cuBLAS / t_chosen over the problems
 
 
 def outcome(quantile: float, predicted: np.ndarray, log_ratio: np.ndarray) -> FallbackOutcome:
@@ -118,4 +124,5 @@ def outcome(quantile: float, predicted: np.ndarray, log_ratio: np.ndarray) -> Fa
         speedup_vs_cublas=gm(-chosen), speedup_vs_top1=gm(r - chosen), top1_vs_cublas=gm(-r),
         oracle_vs_cublas=gm(-np.minimum(r, 0.0)),
         regressed=float(np.mean(chosen > np.log1p(REGRESSION))) if len(r) else float("nan"),
-        problems=int(ok.sum()))
+        problems=int(ok.sum()),
+        worst_vs_cublas=float(np.exp(-chosen.max())) if len(r) else float("nan"))

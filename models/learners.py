@@ -5,6 +5,8 @@ per row where lower means faster.
 - ``regression``: squared error on log(time / roofline time). Dividing by the config's roofline
   estimate takes out the problem's scale, so the trees spend their splits on what the
   roofline gets wrong, and the score is a time (exp(score) * roofline) usable for fallback.
+  The roofline is a column of the feature rows: which one is the problem kind's
+  (``kinds.ProblemKind.roofline``), so a model records the kind of rows it reads.
 - ``rank:pairwise`` / ``rank:ndcg``: learning-to-rank grouped by problem, on the graded
   relevance of ``evaluate.relevance``; they order configs but predict no time.
 ``HGBModel`` is the scikit-learn baseline (HistGradientBoosting on log time).
@@ -23,14 +25,15 @@ if TYPE_CHECKING:  # imported where used: `cutetune --help` needs neither
     from sklearn.ensemble import HistGradientBoostingRegressor
 
 from .evaluate import group_offsets, relevance
-from .features import ROOFLINE_IDX
+from .kinds import kind_named
 
 OBJECTIVES = ("regression", "rank:pairwise", "rank:ndcg")
 MS_PER_S = 1e3
 
 
-def log_roofline_ms(X: np.ndarray) -> np.ndarray:
-    return np.log(X[:, ROOFLINE_IDX].astype(np.float64) * MS_PER_S)
+def log_roofline_ms(X: np.ndarray, kind: str) -> np.ndarray:
+    """The log roofline time in ms of feature rows of problems of ``kind``."""
+    return np.log(X[:, kind_named(kind).roofline_idx].astype(np.float64) * MS_PER_S)
 
 
 def best_per_row(time_ms: np.ndarray, group: np.ndarray) -> np.ndarray:
@@ -53,11 +56,13 @@ class BoosterModel:
     min_child_weight: float = 2.0
     seed: int = 0
     n_threads: int = 1
+    kind: str = "dense"  # of the problems whose feature rows it reads (kinds.KINDS)
     booster: xgb.Booster | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
+        kind_named(self.kind)
 
     @property
     def predicts_time(self) -> bool:
@@ -80,7 +85,7 @@ class BoosterModel:
 
         time_ms = np.asarray(time_ms, np.float64)
         if self.predicts_time:
-            dm = xgb.DMatrix(X, label=np.log(time_ms) - log_roofline_ms(X))
+            dm = xgb.DMatrix(X, label=np.log(time_ms) - log_roofline_ms(X, self.kind))
         else:
             dm = xgb.DMatrix(X, label=relevance(time_ms, best_per_row(time_ms, group)))
             dm.set_group(np.diff(group_offsets(group)))
@@ -92,7 +97,7 @@ class BoosterModel:
         if self.booster is None:
             raise RuntimeError("BoosterModel.predict before fit")
         raw = self.booster.inplace_predict(X).astype(np.float64)
-        return raw + log_roofline_ms(X) if self.predicts_time else -raw
+        return raw + log_roofline_ms(X, self.kind) if self.predicts_time else -raw
 
     # ------------------------------------------------------------ serialization
     def to_dict(self) -> dict:
@@ -100,7 +105,7 @@ class BoosterModel:
             raise RuntimeError("cannot serialize an unfitted BoosterModel")
         params = {k: getattr(self, k) for k in ("objective", "n_estimators", "max_depth",
                                                 "learning_rate", "subsample", "colsample_bytree",
-                                                "min_child_weight", "seed")}
+                                                "min_child_weight", "seed", "kind")}
         raw = bytes(self.booster.save_raw(raw_format="ubj"))
         return {"params": params, "booster_ubj_base64": base64.b64encode(raw).decode("ascii")}
 

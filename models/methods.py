@@ -13,13 +13,14 @@ from typing import Callable
 
 import numpy as np
 
-from ..space.config import quack_default_config
+from ..space.config import KernelConfig, quack_default_config
 
 from .data import Measurements
+from .dataset import CONFIG_COLUMNS
 from .evaluate import group_offsets
-from .features import ROOFLINE_IDX
-from .baselines import (config_distance, in_configs, nvmmh_valid_picks, quack_sm90_list,
-    rank_by_picks)
+from .baselines import (columns_distance, config_distance, in_configs, nvmmh_valid_picks,
+    quack_sm90_list, rank_by_picks)
+from .kinds import DENSE, ProblemKind
 from .learners import OBJECTIVES, BoosterModel, HGBModel
 
 
@@ -87,6 +88,42 @@ def quack_default_method(arch: str) -> Method:
                       data, lambda p, r: in_configs(_cols(data, r), [default])))
 
 
+def best_fixed_config(data: Measurements) -> KernelConfig:
+    """The measured config that, run on every problem of ``data``, gives the best geomean
+    top-1 efficiency there: chosen in hindsight. A problem that did not measure a candidate
+    counts it at its nearest measured config (the first, among equally near ones), the
+    stand-in the evaluation scores such picks by."""
+    table = np.stack([np.asarray(data.cols[k]).astype(np.int64) for k in CONFIG_COLUMNS], axis=1)
+    candidates, config_id = np.unique(table, axis=0, return_inverse=True)
+    cand = {k: candidates[:, j] for j, k in enumerate(CONFIG_COLUMNS)}
+    # distance[c, j]: from candidate c to candidate j, each a config some row measured
+    distance = columns_distance({k: v[None, :] for k, v in cand.items()},
+                                {k: v[:, None] for k, v in cand.items()})
+    log_eff = np.zeros(len(candidates))
+    for rows in _slices(data):
+        t, ids = data.time_ms[rows], config_id[rows]
+        row_of = np.full(len(candidates), -1)
+        row_of[ids] = np.arange(len(ids))
+        missing = row_of < 0  # candidates this problem did not measure: nearest one instead
+        row_of[missing] = np.argmin(distance[np.ix_(missing, ids)], axis=1)
+        log_eff += np.log(t.min() / t[row_of])
+    best = candidates[np.argmax(log_eff)]
+    return KernelConfig.from_dict(dict(zip(CONFIG_COLUMNS, best.tolist())))
+
+
+def best_fixed_method() -> Method:
+    box = {}
+
+    def fit(data, X):
+        box["config"] = best_fixed_config(data)
+
+    return Method("best_fixed", "the one config with the best top-1 geomean on the training "
+                  "problems (chosen in hindsight there), nearest measured config",
+                  lambda data, X: config_distance(data.cols, box["config"]), fit,
+                  coverage=lambda data: _any_per_problem(
+                      data, lambda p, r: in_configs(_cols(data, r), [box["config"]])))
+
+
 def quack_autotune_method() -> Method:
     """quack's autotuner over its sm90 list: the fastest measured config of that list. Exact
     only where the whole list was measured (its coverage); elsewhere it is the best of the part
@@ -104,20 +141,24 @@ def quack_autotune_method() -> Method:
 
 
 def baseline_methods(arch: str, seed: int = 0, n_estimators: int = 300,
-                     n_threads: int = 1) -> list[Method]:
-    methods = [
+                     n_threads: int = 1, kind: ProblemKind = DENSE) -> list[Method]:
+    """The baselines of problems of ``kind``. nvMatmulHeuristics and quack's autotune list
+    are dense GEMMs' only: nvMatmulHeuristics describes a problem by M, N, K, batch and layout
+    (no ragged dimension to ask it about), and the list is mapped onto the dense space; quack's
+    sm100 list is not mapped onto ours."""
+    dense = kind is DENSE
+    return [
         learned("sklearn_hgb", "scikit-learn HistGradientBoosting on log time",
                 lambda: HGBModel(max_iter=n_estimators, seed=seed, n_threads=n_threads)),
-        Method("roofline", "analytic roofline time of the config (space.features roofline_s)",
-               lambda data, X: X[:, ROOFLINE_IDX].astype(float)),
-        nvmmh_method(),
+        Method("roofline", f"analytic roofline time of the config (space.features "
+               f"{kind.roofline})", lambda data, X: X[:, kind.roofline_idx].astype(float)),
+        best_fixed_method(),
+        *([nvmmh_method()] if dense else []),
         quack_default_method(arch),
+        *([quack_autotune_method()] if dense and arch == "sm90" else []),
         Method("random", "uniformly random order (fixed seed)",
                lambda data, X: np.random.default_rng(seed).random(len(X))),
     ]
-    if arch == "sm90":  # quack's sm100 list is not mapped onto our space
-        methods.insert(4, quack_autotune_method())
-    return methods
 
 
 XGB_NAMES = {obj: "xgb_" + obj.removeprefix("rank:") for obj in OBJECTIVES}

@@ -1,4 +1,4 @@
-"""Rank kernel configs of one GEMM problem with a trained cost model."""
+"""Rank kernel configs of one GEMM problem (dense or grouped) with a trained cost model."""
 
 from __future__ import annotations
 
@@ -7,17 +7,19 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..space.config import KernelConfig
-from ..space.problem import GemmProblem
+from ..space.problem import GemmProblem, GroupedProblem
 
 from .artifact import CostModel, load_model
+from .kinds import kind_of
 
 
-def predict(problem: GemmProblem, top_k: int | None = 10, configs=None,
+def predict(problem: GemmProblem | GroupedProblem, top_k: int | None = 10, configs=None,
             model: CostModel | str | Path | None = None) -> list[tuple[KernelConfig, float]]:
     """(config, predicted ms), fastest first. ``model``: a CostModel, a model file, or None for
-    the shipped model of the problem's arch and dtype; ``configs`` None ranks all valid ones."""
+    the shipped model of the problem's kind, arch and dtype; ``configs`` None ranks all valid
+    ones."""
     if not isinstance(model, CostModel):
-        model = load_model(model, problem.arch, problem.dtype)
+        model = load_model(model, problem.arch, problem.dtype, kind_of(problem).name)
     return model.rank(problem, configs, top_k)
 
 

@@ -2,10 +2,14 @@
 the shipped model on all problems and write it with the evaluation report.
 
 Held-out evaluation: problem-grouped K-fold CV for every method, and leave-one-family-out
-(family = the dataset's suite) for the learned models and the heuristics. The XGBoost
-objective with the best held-out top-1 efficiency is the one shipped (see _choose). The cuBLAS fallback is
-fit on the shipped model's out-of-fold picks (see fallback.py) and judged by a second K-fold
-over problems on those picks.
+(family = the dataset's suite: an LLM's layers, an MoE model's expert GEMMs) for the learned
+models and the heuristics. The XGBoost objective with the best held-out top-1 efficiency is
+the one shipped (see _choose). The ATen fallback (cuBLAS; torch._grouped_mm for grouped
+problems) is fit on the shipped model's out-of-fold picks (see fallback.py) and judged by a
+second K-fold over problems on those picks.
+
+A model ranks one kind of problem (``kinds``), the kind of ``data``: the same code trains the
+dense and the grouped model, reading the kind's features, baseline and size buckets.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from ..space.device import device_for
 from .artifact import CostModel
 from .crossval import HeldOut, held_out_scores
 from .data import Measurements
-from .evaluate import group_kfold, leave_family_out, summarize, summarize_by_bucket
+from .evaluate import bucket_masks, group_kfold, leave_family_out, summarize, summarize_by_bucket
 from .fallback import CublasFallback, FallbackOutcome, fallback_inputs, outcome
 from .features import dataset_features, problem_descriptors
 from .learners import BoosterModel
@@ -48,6 +52,7 @@ class TrainOptions:
 class Evaluation:
     """Everything the report shows; metrics are held-out."""
 
+    kind: str
     arch: str
     dtype: str
     device: str
@@ -62,6 +67,8 @@ class Evaluation:
     lofo_summary: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     fallback: list[FallbackOutcome] = field(default_factory=list)
     fallback_quantile: float | None = None
+    # the shipped quantile's outcome on the problems of each size bucket
+    fallback_by_bucket: dict[str, FallbackOutcome] = field(default_factory=dict)
 
 
 def _single(values, what: str) -> str:
@@ -80,21 +87,23 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
     if data.n_problems < options.folds:
         raise ValueError(f"{data.n_problems} problems cannot fill {options.folds} CV folds")
     device = device_for(data.device_name)
+    kind = data.kind
     X = dataset_features(data, device)
     params = {"n_estimators": options.n_estimators, "max_depth": options.max_depth,
-              "n_threads": options.threads}
+              "n_threads": options.threads, "kind": kind.name}
     learned = xgb_methods(options.objectives, options.seed, **params)
-    baselines = baseline_methods(arch, options.seed, options.n_estimators,
-                                 options.threads) if options.baselines else []
+    baselines = baseline_methods(arch, options.seed, options.n_estimators, options.threads,
+                                 kind) if options.baselines else []
 
     splits = group_kfold(data.n_problems, options.folds, options.seed)
     cv = _held_out(data, X, learned + baselines, splits, options.seed, "cross-validation")
     chosen = _choose(cv, [m.name for m in learned])
-    ev = Evaluation(arch, dtype, device.name, data.n_problems, len(data.time_ms), data.failed_rows,
-                    {str(k): int(v) for k, v in
-                     zip(*np.unique(data.families.astype(str), return_counts=True))},
-                    data.swept, chosen, cv,
-                    {n: summarize_by_bucket(h.problems) for n, h in cv.items()})
+    per_family = {str(k): int(v) for k, v in
+                  zip(*np.unique(data.families.astype(str), return_counts=True))}
+    ev = Evaluation(kind.name, arch, dtype, device.name, data.n_problems, len(data.time_ms),
+                    data.failed_rows, per_family, data.swept, chosen, cv,
+                    {n: summarize_by_bucket(h.problems, kind.buckets, kind.bucket_label)
+                     for n, h in cv.items()})
     if data.swept.any():
         for n, h in cv.items():
             ev.cv_summary[n]["swept"] = summarize(h.problems, data.swept)
@@ -113,7 +122,8 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
     timer = ranker if ranker.predicts_time else _final(XGB_NAMES["regression"], options, X, data)
     fallback = None
     if np.isfinite(data.cublas_ms).any():
-        fallback, ev.fallback = _fallback(data, device, cv, chosen, splits, options)
+        fallback, ev.fallback, ev.fallback_by_bucket = _fallback(data, device, cv, chosen, splits,
+                                                                 options)
         ev.fallback_quantile = options.fallback_quantile
     metadata = {
         "objective": ranker.objective, "trained_on": {
@@ -149,12 +159,15 @@ def _final(name: str, options: TrainOptions, X: np.ndarray, data: Measurements) 
     obj = {v: k for k, v in XGB_NAMES.items()}[name]
     return BoosterModel(objective=obj, n_estimators=options.n_estimators,
                         max_depth=options.max_depth, seed=options.seed,
-                        n_threads=options.threads).fit(X, data.time_ms, data.group)
+                        n_threads=options.threads, kind=data.kind.name).fit(
+        X, data.time_ms, data.group)
 
 
 def _fallback(data: Measurements, device, cv: dict[str, HeldOut], chosen: str, splits,
-              options: TrainOptions) -> tuple[CublasFallback, list[FallbackOutcome]]:
-    """Fit the fallback on out-of-fold picks, and judge it per quantile on held-out problems.
+              options: TrainOptions
+              ) -> tuple[CublasFallback, list[FallbackOutcome], dict[str, FallbackOutcome]]:
+    """Fit the fallback on out-of-fold picks, and judge it per quantile on held-out problems
+    (the shipped quantile also per size bucket).
 
     The pick's predicted time is the regression model's out-of-fold prediction at the pick
     (the chosen ranker may predict no time). Judging reuses the CV folds over problems: the
@@ -162,9 +175,10 @@ def _fallback(data: Measurements, device, cv: dict[str, HeldOut], chosen: str, s
     problems; the picks themselves (the fallback's targets) are all out-of-fold."""
     picks = cv[chosen].problems
     timer_scores = cv[XGB_NAMES["regression"]].row_scores
-    Xf = fallback_inputs(problem_descriptors(data.problems, device), timer_scores[picks.top1_row])
+    Xf = fallback_inputs(problem_descriptors(data.problems, device, data.kind),
+                         timer_scores[picks.top1_row])
     log_ratio = np.log(picks.top1_ms / data.cublas_ms)
-    outcomes = []
+    outcomes, by_bucket = [], {}
     for q in sorted(set(FALLBACK_QUANTILES) | {options.fallback_quantile}):
         pred = np.full(data.n_problems, np.nan)
         for train, test in splits:
@@ -173,8 +187,11 @@ def _fallback(data: Measurements, device, cv: dict[str, HeldOut], chosen: str, s
                 pred[test] = CublasFallback(q, seed=options.seed).fit(
                     Xf[ok], log_ratio[ok]).predict(Xf[test])
         outcomes.append(outcome(q, pred, log_ratio))
+        if q == options.fallback_quantile:
+            by_bucket = {name: outcome(q, pred[mask], log_ratio[mask]) for name, mask in
+                         bucket_masks(data.m, data.kind.buckets, data.kind.bucket_label).items()}
     final = CublasFallback(options.fallback_quantile, seed=options.seed).fit(Xf, log_ratio)
-    return final, outcomes
+    return final, outcomes, by_bucket
 
 
 def _versions() -> dict[str, str]:

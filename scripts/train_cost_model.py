@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
                   report="data/reports/model_h200_bf16")
     args = p.parse_args(argv)
     try:
-        run(args.dataset, args.out, args.report, options_from(args))
+        run(args.dataset, args.out, args.report, options_from(args), args.kind)
     except (ValueError, FileNotFoundError, DatasetError) as e:
         print(f"train_cost_model: error: {e}", file=sys.stderr)
         return 2

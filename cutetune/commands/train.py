@@ -1,5 +1,6 @@
 """`cutetune train`: train and evaluate the cost model on a dataset, write the model file and
-its report (``models/train.py``)."""
+its report (``models/train.py``). A model ranks one kind of problem, dense or grouped GEMMs:
+the dataset's kind, or ``--kind`` where it holds both."""
 
 from __future__ import annotations
 
@@ -11,33 +12,35 @@ from ..artifacts import check_writable, check_writable_dir
 from ..models.artifact import CostModel
 from ..models.data import dataset_sha256, load_measurements
 from ..models.dataset import DatasetError
+from ..models.kinds import KINDS
 from ..models.train import Evaluation, TrainOptions, train
 
 
 def run(dataset: str | os.PathLike, out: str | os.PathLike, report_dir: str | os.PathLike | None,
-        options: TrainOptions) -> tuple[CostModel, Evaluation]:
-    """Train on a dataset folder, write the model file and (when asked) the report. Both
-    outputs are checked writable first: training takes minutes to hours."""
+        options: TrainOptions, kind: str | None = None) -> tuple[CostModel, Evaluation]:
+    """Train on a dataset folder's problems of ``kind`` (None: its only kind), write the model
+    file and (when asked) the report. Both outputs are checked writable first: training takes
+    minutes to hours."""
     from ..models.report import write_report
 
     check_writable(out, "model file")
     if report_dir is not None:
         check_writable_dir(report_dir, "report folder")
     digest = dataset_sha256(dataset)
-    data = load_measurements(dataset)
+    data = load_measurements(dataset, kind)
     if dataset_sha256(dataset) != digest:
         raise DatasetError(f"dataset {dataset} changed while it was read; run again")
     model, ev = train(data, options)
     model.metadata["trained_on"]["dataset"] = str(dataset)
     model.metadata["trained_on"]["sha256"] = digest
     path = model.save(out)
-    print(f"wrote {path} ({ev.chosen}, {ev.problems} problems, {ev.rows} rows)")
+    print(f"wrote {path} ({ev.kind} GEMMs, {ev.chosen}, {ev.problems} problems, {ev.rows} rows)")
     if report_dir is not None:
         print(f"wrote {write_report(ev, Path(report_dir), model.metadata)}")
     s = ev.cv_summary[ev.chosen]["all"]
     print(f"held-out ({options.folds}-fold CV): top-1 geomean {s['top1_geomean']:.3f}, "
           f"P10 {s['top1_p10']:.3f}, best-of-top-5 {s['top5_geomean']:.3f}, "
-          f"vs cuBLAS {s['vs_cublas_geomean']:.3f}x")
+          f"vs {model.kind.baseline} {s['vs_cublas_geomean']:.3f}x")
     return model, ev
 
 
@@ -48,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser, dataset: str | None = None, out: s
     p.add_argument("dataset", nargs="?" if dataset else None, default=dataset,
                    help="dataset folder of Parquet parts (cutetune collect output)"
                         + (f" (default {dataset})" if dataset else ""))
+    p.add_argument("--kind", choices=tuple(KINDS),
+                   help="which problems to train on when the dataset holds both dense and "
+                        "grouped (MoE expert) GEMMs (default: its only kind)")
     p.add_argument("--out", required=out is None, default=out, help="model file to write (JSON)"
                    + (f" (default {out})" if out else ""))
     p.add_argument("--report", metavar="DIR", default=report,
@@ -84,5 +90,5 @@ def register(subparsers) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    run(args.dataset, args.out, args.report, options_from(args))
+    run(args.dataset, args.out, args.report, options_from(args), args.kind)
     return 0
