@@ -117,8 +117,9 @@ def write_markdown(path: Path, rep: dict, args) -> None:
     lines = [
         f"# Dataset report: `{args.data}`",
         "",
-        f"Made by `python scripts/dataset_report.py --data {args.data} --repeat {args.repeat} "
-        f"--stats {args.stats} --out {args.out}`.",
+        f"Made by `python scripts/dataset_report.py --data {args.data} --repeat "
+        f"{args.repeat or chr(39) * 2} --stats {args.stats} --out {args.out} --min-configs "
+        f"{args.min_configs}`.",
         "",
         "## Counts",
         f"- rows: {rep['rows']}; problems: {rep['problems']}; ATen baselines: {rep['cublas_baselines']}",
