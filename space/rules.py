@@ -238,13 +238,15 @@ def varlen_m_no_swap_ab(c: KernelConfig, arch: str) -> bool:
     return not c.swap_ab
 
 
-@_rule("sm90", problem=True, families=GROUPED)
-def sm90_tile_192_wide_needs_k_major_b(c: KernelConfig, p: GroupedProblem) -> bool:
+@_rule("sm90", problem=True, families=FAMILIES)
+def sm90_tile_192_wide_needs_k_major_b(c: KernelConfig, p: GemmProblem | GroupedProblem) -> bool:
     """On sm90 a cooperative 192-row tile wider than 128 (two MMA atoms side by side along N:
     GemmSm90.__init__'s atom layout) needs a K-major kernel B: with an N-major one cute.compile
     aborts (std::bad_variant_access) for dgrad and wgrad, swapped or not, while fwd's (B
     K-major) compile; quack's sm90 list leaves 192x256 out for the same abort ('IOT
-    instruction (core dumped) in the bwd'). Dense GEMMs of an N-major kernel B abort alike."""
+    instruction (core dumped) in the bwd'). Dense GEMMs of an N-major kernel B abort alike
+    (a plain x @ W with W stored (K, N); an M-major A swapped), and quack compiles in the
+    caller's process: the abort would take the user's process down."""
     return c.pingpong or c.tile_m != 192 or c.tile_n <= 128 or kernel_b_major(c, p) == "k"
 
 

@@ -245,3 +245,17 @@ def test_kernel_signature_matches_quacks_compile_gemm():
     # max_swizzle_size is a run-time argument: it must not split the compile key
     assert kernel_signature(p, c) == kernel_signature(p, dataclasses.replace(c, max_swizzle_size=1))
     assert kernel_signature(p, c) != kernel_signature(p, dataclasses.replace(c, swap_ab=True))
+
+
+def test_an_n_major_kernel_b_refuses_the_wide_cooperative_192_tile():
+    """On sm90 a cooperative 192 x 160 tile aborts cute.compile (SIGABRT) with an N-major
+    kernel B, dense too (a plain x @ W, W stored (K, N); an M-major A swapped): the rule keeps
+    it out there, and K-major kernel Bs keep it."""
+    from cutetune.space.rules import is_valid
+
+    wide = KernelConfig(192, 160, False, 1, 1, False, 8, 1, False)
+    assert is_valid(wide, "sm90", GemmProblem(4096, 4096, 4096))
+    assert not is_valid(wide, "sm90", GemmProblem(4096, 4096, 4096, b_major="n"))
+    swapped = KernelConfig(192, 160, False, 1, 1, True, 8, 1, False)
+    assert not is_valid(swapped, "sm90", GemmProblem(4096, 4096, 4096, a_major="m"))
+    assert is_valid(swapped, "sm90", GemmProblem(4096, 4096, 4096))
