@@ -5,6 +5,7 @@ dataset (data/inputs/h200_bf16) or the synthetic one of test_replay.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -16,6 +17,8 @@ import time
 import warnings
 from datetime import datetime, timedelta
 from pathlib import Path
+
+import importlib.util
 
 import optuna
 import pytest
@@ -272,7 +275,9 @@ def _bad_urls(tmp_path) -> list[tuple[str, str]]:
         ("foo://bar", "--storage must be journal:PATH or sqlite:///FILE"),
         ("bar", "got 'bar'"),
         ("postgresql://cutetune@127.0.0.1:1/none",
-         "cannot open storage postgresql://cutetune@127.0.0.1:1/none: OperationalError"),
+         "cannot open storage postgresql://cutetune@127.0.0.1:1/none: OperationalError"
+         if importlib.util.find_spec("psycopg") else  # without the [fleet] extra
+         "a PostgreSQL storage needs the psycopg driver: pip install 'cutetune[fleet]'"),
         (f"sqlite:///{text}", "file is not a database"),
         (f"sqlite:///{tmp_path}/no/such/dir/s.db", "unable to open database file"),
         (f"journal:{text}", f"{text} is not an Optuna journal file"),
