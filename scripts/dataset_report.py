@@ -21,7 +21,7 @@ import numpy as np
 from cutetune.models import dataset
 from cutetune.models.evaluate import M_BUCKETS, bucket_name, geomean, m_bucket
 from cutetune.space import enumerate_configs
-from cutetune.tuner.measure.collect import baseline_backend
+from cutetune.models.kinds import kind_of
 
 
 def main() -> None:
@@ -36,7 +36,8 @@ def main() -> None:
     rows = dataset.load(args.data).to_pylist()
     quack = [r for r in rows if r["backend"] == "quack"]
     cublas = {r["problem_key"]: r for r in rows
-              if r["backend"] == baseline_backend(dataset.problem_of(r)) and r["status"] == "ok"}
+              if r["backend"] == kind_of(dataset.problem_of(r)).baseline_backend
+              and r["status"] == "ok"}
     problems = {}
     for r in quack:
         problems.setdefault(r["problem_key"], []).append(r)
@@ -62,7 +63,7 @@ def main() -> None:
     for key in sampled:
         ok = [r["time_ms"] for r in problems[key] if r["status"] == "ok"]
         p = dataset.problem_of(problems[key][0])
-        size = p.m if not hasattr(p, "ragged") or p.ragged == "m" else p.k
+        size = kind_of(p).size(p)
         if ok and key in cublas:
             speed.append((size, cublas[key]["time_ms"] / min(ok), key in exhaustive))
         if ok and key in exhaustive:

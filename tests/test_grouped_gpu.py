@@ -34,7 +34,7 @@ def test_grouped_quack_and_aten_are_measured_correctly(gpu_worker, gemm):
     p = GroupedProblem(experts=len(counts), gemm=gemm, **sizes)
     configs = tuple(enumerate_configs("sm90", p)[:2])
     assert configs
-    rows = measure_grouped(MeasureTask(p, "test", configs, cublas=True), counts)
+    rows = measure_grouped(MeasureTask(p, "test", configs, cublas=True, counts=counts))
     assert [r["backend"] for r in rows] == [ATEN_BACKEND, "quack", "quack"]
     for r in rows:
         assert r["status"] == "ok", r

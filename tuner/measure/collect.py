@@ -21,15 +21,15 @@ from pathlib import Path
 
 from ... import progress
 from ...models import dataset
+from ...models.kinds import kind_of
 from ...space.config import KernelConfig
 from ...space.enumerate import enumerate_configs
 from ...space.problem import GemmProblem, GroupedProblem
 from ...space.suites import GROUPED_SUITES, ROUTINGS, grouped_suite, routing_counts, suite
 
 from ..kernels.compile import kernel_cache_dir
-from .executor import GpuExecutor, Measure, compile_task
-from .grouped import ATEN_BACKEND
-from .timing import TimingPolicy, init_gpu_worker, measure
+from .executor import GpuExecutor, Measure, compile_task, measure_task
+from .timing import TimingPolicy, init_gpu_worker
 
 CHUNK = 256  # configs per request: bounds the work a crash sends back to one-at-a-time
 LOG_EVERY_S = 10.0  # the status line's period where stderr is not a terminal
@@ -54,17 +54,22 @@ def load_problems(spec: str, dtype: str, arch: str, seed: int
 
 
 def baseline_backend(problem) -> str:
-    """The backend name of a problem's ATen row: torch.mm (cuBLAS), torch._grouped_mm."""
-    return ATEN_BACKEND if isinstance(problem, GroupedProblem) else "cublas"
+    """The backend name of a problem's ATen row (its kind's: torch.mm's "cublas",
+    torch._grouped_mm's "aten")."""
+    return kind_of(problem).baseline_backend
 
 
 def routed_counts(problem: GroupedProblem, seed: int) -> tuple[int, ...]:
     """How a grouped problem's ragged rows split among its experts when it is measured: one of
     the ``ROUTINGS``, drawn per problem (seeded), so a suite covers each."""
-    h = int(hashlib.sha256(f"{seed}:{problem.key()}".encode()).hexdigest()[:8], 16)
-    rows = problem.m if problem.ragged == "m" else problem.k
-    kind = ROUTINGS[h % len(ROUTINGS)]
-    return tuple(int(c) for c in routing_counts(problem.experts, rows, kind, seed))
+    routing = ROUTINGS[_problem_hash(problem, seed) % len(ROUTINGS)]
+    rows = kind_of(problem).size(problem)  # the ragged total
+    return tuple(int(c) for c in routing_counts(problem.experts, rows, routing, seed))
+
+
+def _problem_hash(problem, seed: int) -> int:
+    """A seeded number of the problem's own, for the draws made per problem."""
+    return int(hashlib.sha256(f"{seed}:{problem.key()}".encode()).hexdigest()[:8], 16)
 
 
 def configs_for(problem: GemmProblem, spec: str, seed: int) -> list[KernelConfig]:
@@ -76,7 +81,7 @@ def configs_for(problem: GemmProblem, spec: str, seed: int) -> list[KernelConfig
         import random
 
         n = int(spec.split(":", 1)[1])
-        h = int(hashlib.sha256(f"{seed}:{problem.key()}".encode()).hexdigest()[:8], 16)
+        h = _problem_hash(problem, seed)
         return valid if n >= len(valid) else random.Random(h).sample(valid, n)
     try:
         items = json.loads(Path(spec).read_text())
@@ -123,7 +128,7 @@ class Progress:
 def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget_s: float = 1e9,
             compile_workers: int | None = None, cache_dir: str | None = None,
             policy: TimingPolicy = TimingPolicy(), stats_path: str | None = None,
-            measure_fn=measure, gpu_init=init_gpu_worker, compile_fn=None) -> dict:
+            measure_fn=measure_task, gpu_init=init_gpu_worker, compile_fn=None) -> dict:
     """Measure ``problems`` (list of (suite, GemmProblem)) x configs into dataset ``out``.
 
     ``measure_fn(MeasureTask) -> rows``, run in a worker set up by ``gpu_init(cache_dir)``, and

@@ -17,10 +17,17 @@ from ...space.config import KernelConfig
 from ...space.problem import GemmProblem
 
 from ..kernels.compile import compile_kernel, configure_gpu_blind, signature_class
+from .grouped import measure_grouped
 from .timing import MeasureTask, TimingPolicy, init_gpu_worker, measure
 from .workers import IsolatedPool
 
 LOAD_COMPILED_S = 0.5  # a kernel load slower than this was compiled in-process (cache miss)
+
+
+def measure_task(task: MeasureTask) -> list[dict]:
+    """The GPU worker's entry point: a grouped problem's task (its rows' split given) by
+    ``grouped``, a dense one by ``timing``."""
+    return measure(task) if task.counts is None else measure_grouped(task)
 
 
 def compile_task(task) -> float:
@@ -75,7 +82,7 @@ class GpuExecutor:
     ones compile while one is measured; kernels compile in submission order."""
 
     def __init__(self, arch: str, cache_dir: str, compile_workers: int, policy: TimingPolicy,
-                 *, depth: int = 3, measure_fn=measure, gpu_init=init_gpu_worker,
+                 *, depth: int = 3, measure_fn=measure_task, gpu_init=init_gpu_worker,
                  compile_fn=compile_task):
         self.policy, self.depth = policy, depth
         self.started = time.monotonic()

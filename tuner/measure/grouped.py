@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import math
 
+from ...models.kinds import GROUPED
+
 from .timing import L2_MULTIPLE, MeasureTask, _STATE, _row, timed_outcome
 
-ATEN_BACKEND = "aten"  # torch._grouped_mm: what a torchtitan-style MoE layer runs today
+ATEN_BACKEND = GROUPED.baseline_backend  # torch._grouped_mm's row in the dataset
 MAX_SETS = 64
 
 
@@ -78,16 +80,16 @@ def _buffers(problem, counts) -> GroupedBuffers:
     return buf
 
 
-def measure_grouped(task: MeasureTask, counts) -> list[dict]:
+def measure_grouped(task: MeasureTask) -> list[dict]:
     """One row per config, and one for torch._grouped_mm when ``task.cublas`` (the ATen
-    baseline), each with the split ``counts`` it ran on."""
+    baseline), each with the split ``task.counts`` it ran on."""
     import time
 
     import torch
 
     from ..kernels.quack_gemm import grouped_kernel
 
-    buf = _buffers(task.problem, tuple(counts))
+    buf = _buffers(task.problem, tuple(task.counts))
     extra = {"expert_counts": json.dumps(buf.counts)}
     rows = []
     if task.cublas:

@@ -242,13 +242,8 @@ def _measure_one(task: MeasureTask, backend: str, config, fn, buf) -> dict:
 
 
 def measure(task: MeasureTask) -> list[dict]:
-    """Worker entry point: one row per config (and one for cuBLAS when asked)."""
+    """A dense problem's rows: one per config (and one for cuBLAS when asked)."""
     import torch
-
-    if task.counts is not None:
-        from .grouped import measure_grouped
-
-        return measure_grouped(task, task.counts)
 
     from ..kernels.quack_gemm import quack_kernel
 
