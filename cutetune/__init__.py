@@ -41,6 +41,17 @@ def enable_from_env(environ=None):
     return enable_inductor_from_env(environ)
 
 
+def __getattr__(name: str):
+    """``cutetune.grouped_mm`` (``tuner/kernels/grouped_mm.py``), imported on first use: it
+    imports torch, which ``cutetune --help`` must not."""
+    if name == "grouped_mm":
+        from .tuner.kernels.grouped_mm import grouped_mm
+
+        globals()[name] = grouped_mm
+        return grouped_mm
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _start_compile_helper() -> None:
     from .tuner.kernels.helper import start_for_this_gpu
 

@@ -10,7 +10,12 @@
 #   grouped_fwd    MoE forward GEMMs: every config of the cheaper ones
 #   grouped_rest   a sample of the configs of the dearer forward GEMMs and of the input and
 #                  weight gradients' GEMMs
-#                  (grouped: -> the dataset h200_bf16_grouped; scripts/grouped_plan.py splits)
+#   grouped_grads  a sample of the configs of the cheaper input and weight gradients' GEMMs
+#                  (grouped: -> the dataset h200_bf16_grouped, resumed from the committed one;
+#                  scripts/grouped_plan.py splits)
+#   grouped_mm_tests  cutetune.grouped_mm's GPU tests and the harness's -> $OUT/gpu_tests_grouped_mm.log
+#   moe_bench      scripts/bench_moe.py run: the MoE block in every mode, then its GEMMs
+#                  -> $OUT/moe_block_h200.json, $OUT/moe_gemms_h200.json
 # Data and quack's kernel cache live under /tmp so they survive between calls on one warm
 # machine; each stage ends by packing the dataset into $OUT.
 set -uo pipefail
@@ -27,6 +32,7 @@ case " $* " in *" train "*|*" exhaustive "*|*" repeat "*)
 PLAN=/tmp/grouped-plan
 grouped() {  # grouped PROBLEMS-FILE CONFIGS BUDGET-S NAME
   [ -f "$PLAN/$1" ] || python scripts/grouped_plan.py --out "$PLAN" > /dev/null
+  [ -d "$ROOT/h200_bf16_grouped" ] || cp -r data/inputs/h200_bf16_grouped "$ROOT/"
   python -m cutetune collect --problems "$PLAN/$1" --configs "$2" --out "$ROOT/h200_bf16_grouped" \
     --time-budget "$3" --stats "$OUT/collect_$4_stats.json" 2>&1 | tail -n 4
 }
@@ -54,6 +60,14 @@ for stage in "$@"; do
       grouped sampled_fwd.json sample:48 "$(( $(left 30) / 2 ))" fwd_sampled
       grouped sampled_dgrad.json sample:32 "$(( $(left 30) / 2 ))" dgrad_sampled
       grouped sampled_wgrad.json sample:32 "$(left 30)" wgrad_sampled ;;
+    grouped_grads)
+      grouped exhaustive_dgrad.json sample:32 "$(( $(left 30) / 2 ))" dgrad_cheap
+      grouped exhaustive_wgrad.json sample:32 "$(left 30)" wgrad_cheap ;;
+    grouped_mm_tests)
+      python -m pytest -m gpu tests/test_grouped_mm_gpu.py tests/test_grouped_gpu.py -q -p no:cacheprovider 2>&1 \
+        | tee "$OUT/gpu_tests_grouped_mm.log" | tail -n 25 ;;
+    moe_bench)
+      python scripts/bench_moe.py run --out "$OUT" --budget-s "$(left 20)" 2>&1 | tail -n 60 ;;
     repeat)
       python -m cutetune collect --problems train --configs sample:20 --limit-problems 30 \
         --out "$ROOT/h200_bf16_repeat" --time-budget "$(left 30)" \

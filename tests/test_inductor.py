@@ -956,10 +956,10 @@ def test_enable_from_env(tmp_path):
     with iin.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_MODEL": path}) as inst:
         assert inst.factory.mode == "predicted" and inst.factory.top_k == 1
         assert inst.factory.source == Heuristics.load(path).digest
-        assert isinstance(inductor_config.post_grad_custom_post_pass, SwigluFusionPass)
+        assert isinstance(inductor_config.post_grad_custom_post_pass.user_pass, SwigluFusionPass)
     with iin.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_MODEL": path,
                              "CUTETUNE_FUSE_SWIGLU": "0"}):
-        assert not isinstance(inductor_config.post_grad_custom_post_pass, SwigluFusionPass)
+        assert inductor_config.post_grad_custom_post_pass.user_pass is None  # grouped pass alone
     with iin.enable_from_env({"CUTETUNE_MODE": "reduced", "CUTETUNE_TOPK": "3",
                              "CUTETUNE_MODEL": path,
                              "CUTETUNE_FEEDBACK": str(tmp_path / "fb")}) as inst:

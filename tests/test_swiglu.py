@@ -214,9 +214,9 @@ def test_the_by_m_op_fuses_the_range_that_holds_m():
     for m in (3, 8):
         a, b, gate = torch.randn(m, 16), torch.randn(16, 4), torch.randn(m, 4)
         torch.testing.assert_close(
-            torch.ops.cutetune.mm_silu_mul_by_m(a, b, gate, swiglu.table_ints(table)),
+            torch.ops.cutetune.mm_silu_mul_by_m(a, b, gate, problems.table_ints(table)),
             F.silu(gate) * (a @ b))
-    assert swiglu._table(tuple(swiglu.table_ints(table))) == table
+    assert problems.parsed_table((problems.table_ints(table))) == table
 
 
 def test_pass_leaves_graphs_it_should_not_fuse():
@@ -273,7 +273,7 @@ def test_the_packaged_weighing_templates_the_llama_mlps_up_projection_where_host
     heuristics = PackagedHeuristics()
     installation = iin.enable("predicted")  # the installed pass asks the same weighing
     try:
-        installed = inductor_config.post_grad_custom_post_pass.templated
+        installed = _swiglu_pass().templated
         for m, templated in ((1, True), (16, True), (128, True), (256, False), (2048, False)):
             args = [torch.empty(s, dtype=BF16, device="meta")
                     for s in ((m, 4096), (14336, 4096), (14336, 4096), (4096, 14336))]
@@ -363,17 +363,26 @@ def test_enable_installs_the_pass_and_restores_the_users():
     try:
         with iin.enable("predicted"):
             installed = inductor_config.post_grad_custom_post_pass
-            assert isinstance(installed, SwigluFusionPass) and installed.user_pass is user
+            assert _swiglu_pass().user_pass is user  # the grouped GEMM pass wraps it
             with iin.enable("reduced", prefetch=False):  # nested: wraps the user's, not ours
-                assert inductor_config.post_grad_custom_post_pass.user_pass is user
+                assert _swiglu_pass().user_pass is user
             assert inductor_config.post_grad_custom_post_pass is installed
             with iin.enable("off"):
                 assert inductor_config.post_grad_custom_post_pass is user
         assert inductor_config.post_grad_custom_post_pass is user
         with iin.enable("predicted", fuse_swiglu=False):
-            assert inductor_config.post_grad_custom_post_pass is user
+            assert _swiglu_pass() is None
+            assert inductor_config.post_grad_custom_post_pass.user_pass is user
     finally:
         inductor_config.post_grad_custom_post_pass = prev
+
+
+def _swiglu_pass() -> SwigluFusionPass | None:
+    """The SwiGLU fusion pass in the post-grad slot's chain of passes, if any."""
+    p = inductor_config.post_grad_custom_post_pass
+    while p is not None and not isinstance(p, SwigluFusionPass):
+        p = getattr(p, "user_pass", None)
+    return p
 
 
 def test_pointwise_share_prices_the_saved_traffic_at_the_ceilings():
@@ -403,7 +412,7 @@ def test_the_packaged_heuristics_fuse_the_llama_mlp_where_the_gpu_said_so():
         measured.update(hz.measured_fusions(bench, "sm90", "bf16"))
     installation = iin.enable("predicted")
     try:
-        decide = inductor_config.post_grad_custom_post_pass.decide
+        decide = _swiglu_pass().decide
         for m in (1, 16, 128, 2048, 4096, 8192):
             assert decide(P(m)) == measured[P(m).key()] is not None
         assert measured[P(1024).key()] is None and decide(P(1024)) is None
@@ -580,7 +589,7 @@ def test_unsupported_reasons_name_the_problem(monkeypatch):
 
 def test_custom_op_config_round_trips():
     for config in (PLAIN, SPLIT, KernelConfig(swap_ab=True, is_dynamic_persistent=True)):
-        ints = swiglu.config_ints(config)
+        ints = problems.config_ints(config)
         assert all(type(v) is int for v in ints)
         a, b, gate = torch.randn(8, 16), torch.randn(16, 4), torch.randn(8, 4)
         torch.testing.assert_close(torch.ops.cutetune.mm_silu_mul(a, b, gate, ints),

@@ -17,14 +17,14 @@ from ...space.problem import GemmProblem
 
 from ... import settings
 from ...models.heuristics import Heuristics, ModelHeuristics, PackagedHeuristics
-from ..kernels import aot, launcher, problems, quack_gemm, swiglu
+from ..kernels import aot, grouped_mm, launcher, problems, quack_gemm, swiglu
 from ..kernels.helper import is_library, shared_prefetcher, start_for_this_gpu
 from ..kernels.problems import TORCH_DTYPE_OF
 from . import choices as hook, template_cache
 from .choices import _SOURCES, ChoicesFactory, send_kernels
 from .decisions import REDUCED_TOP_K, decide_swiglu, host_bound_us, triton_takers
 from .feedback import FeedbackRecorder
-from .passes import EarlyPrefetchPass, SwigluFusionPass
+from .passes import EarlyPrefetchPass, GroupedMmPass, SwigluFusionPass
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,20 @@ def swiglu_fusion_pass(factory: ChoicesFactory, user_pass) -> SwigluFusionPass:
                             lambda graph, arch: triton_takers(graph, arch, heuristics)[1] or ())
 
 
+def grouped_pass(factory: ChoicesFactory, user_pass) -> GroupedMmPass:
+    """The post-grad pass that gives grouped GEMMs the grouped model's picks
+    (``grouped_mm.Picker``; reduced mode decides them as predicted mode does)."""
+    picker = grouped_mm.picker()
+    return GroupedMmPass(picker, f"{picker.digest()}:{factory.code}",
+                         lambda device: problems.device_arch(device), user_pass)
+
+
+def post_grad_pass(factory: ChoicesFactory, user_pass, fuse_swiglu: bool):
+    """The grouped GEMM pass, after the SwiGLU fusion (``fuse_swiglu``) and the user's pass."""
+    return grouped_pass(factory, swiglu_fusion_pass(factory, user_pass) if fuse_swiglu
+                        else user_pass)
+
+
 def prepare_fused_kernel(problem: GemmProblem, config: KernelConfig) -> None:
     """Get a fused SwiGLU kernel ready while Inductor compiles: unless its TVM-FFI library is
     built or linked from prebuilt kernel objects (``aot.ensure_library``), the compile helper
@@ -142,12 +156,14 @@ def _resolve_source(model) -> str:
     return digest
 
 
-def _chain_pass(slot: str, kind: type, make) -> object:
+def _chain_pass(slot: str, kind, make) -> object:
     """Set Inductor's custom-pass ``slot`` to ``make(user_pass)`` (None: to the user's pass
-    alone), where the user's pass is what the slot holds without an outer installation's pass
-    of this ``kind``; the slot's previous value, for ``disable``."""
-    prev = getattr(inductor_config, slot)
-    user_pass = prev.user_pass if isinstance(prev, kind) else prev
+    alone), where the user's pass is what the slot holds without an outer installation's
+    passes of ``kind`` (a type or a tuple of them); the slot's previous value, for
+    ``disable``."""
+    prev = user_pass = getattr(inductor_config, slot)
+    while isinstance(user_pass, kind):
+        user_pass = user_pass.user_pass
     setattr(inductor_config, slot, make(user_pass) if make is not None else user_pass)
     return prev
 
@@ -184,9 +200,9 @@ class Installation:
         self.factory, self.feedback = factory, feedback
         prev = self._prev = {}  # slot -> the value this installation found there
         prev["post_pass"] = _chain_pass(
-            "post_grad_custom_post_pass", SwigluFusionPass,
-            (lambda user: swiglu_fusion_pass(factory, user))
-            if factory is not None and fuse_swiglu else None)
+            "post_grad_custom_post_pass", (SwigluFusionPass, GroupedMmPass),
+            (lambda user: post_grad_pass(factory, user, fuse_swiglu))
+            if factory is not None else None)
         prev["pre_pass"] = _chain_pass(
             "pre_grad_custom_pass", EarlyPrefetchPass,
             (lambda user: early_prefetch_pass(factory, user))

@@ -36,8 +36,9 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from ...space.config import KernelConfig
 from ...space.problem import GemmProblem, ProblemError
-from ..kernels import launcher, swiglu
-from ..kernels.problems import dynamo_gemms, fx_problem
+from ..kernels import grouped_mm, launcher, swiglu
+from ..kernels.problems import (config_ints, dynamo_gemms, fx_problem, grouped_problem,
+                               static_ints, table_ints)
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +213,7 @@ class SwigluFusionPass(ChainedPass):
             config = self.decide(problem)
             if config is None:
                 return
-            ints = swiglu.config_ints(config)
+            ints = config_ints(config)
             match.replace_by_example(
                 lambda g, x, w: torch.ops.cutetune.mm_silu_mul(x, w, g, ints), [g, x, w])
             self._fused(problem, config)
@@ -246,7 +247,7 @@ class SwigluFusionPass(ChainedPass):
         if not firsts:
             log.info("cutetune: SwiGLU with a dynamic M left unfused (no range fuses)")
             return
-        ints = swiglu.table_ints(table)
+        ints = table_ints(table)
         match.replace_by_example(
             lambda g, x, w: torch.ops.cutetune.mm_silu_mul_by_m(x, w, g, ints), [g, x, w])
         for config, problem in firsts.items():
@@ -259,3 +260,71 @@ class SwigluFusionPass(ChainedPass):
         self.fused.append((problem, config))
         if self.prepare is not None:
             self.prepare(problem, config)
+
+
+class GroupedMmPass(ChainedPass):
+    """A post-grad pass that gives each grouped GEMM of the graph, forward or backward
+    (``aten._grouped_mm`` in quack's forms, and ``cutetune::grouped_mm`` without a table), the
+    configs ``picker`` (``grouped_mm.Picker``) decides at compile time: for a static ragged
+    size its pick there, for a dynamic one its pick per range of sizes (``Picker.table``), so
+    one compiled graph serves every size. A node whose every range the picker leaves to ATen
+    stays as it is."""
+
+    NAME = "cutetune-grouped"
+
+    def __init__(self, picker, key: str, arch: Callable[[torch.device], str | None],
+                 user_pass: Callable[[torch.fx.Graph], None] | None = None) -> None:
+        super().__init__(key, user_pass)
+        grouped_mm.install_lowering()
+        self.picker, self.arch = picker, arch
+
+    def apply(self, graph: torch.fx.Graph) -> None:
+        ours = torch.ops.cutetune.grouped_mm.default
+        for node in list(graph.nodes):
+            if node.op != "call_function" or node.target not in (_GROUPED_MM, ours):
+                continue
+            a, b, offs, fourth, out_dtype = (_arg(node, i, name) for i, name in enumerate(
+                ("self", "mat2", "offs", "bias" if node.target is _GROUPED_MM else "table",
+                 "out_dtype")))
+            if offs is None or fourth is not None or out_dtype not in (None, _dtype(a)):
+                continue  # no groups, a bias, another output dtype, or a table already
+            table = self._table(a, b, offs)
+            if table is None or (node.target is _GROUPED_MM and all(c is None for _, c in table)):
+                continue
+            node.target, node.args, node.kwargs = ours, (a, b, offs, table_ints(table)), {}
+            log.info("cutetune: grouped GEMM %s: %s", node.name, ", ".join(
+                f"<={m}: {'ATen' if c is None else c.short()}" for m, c in table))
+
+    def _table(self, a, b, offs):
+        """The node's configs by range of its ragged size, None where quack cannot run it."""
+        va, vb, vo = (getattr(x, "meta", {}).get("val") for x in (a, b, offs))
+        if not all(isinstance(t, torch.Tensor) for t in (va, vb, vo)):
+            return None
+        ragged = (0, 0) if vb.dim() == 3 else (1, 0)  # A's and B's dim that splits (B: wgrad)
+        total = va.shape[ragged[0]]
+        dynamic = not isinstance(total, int)
+
+        def problem_at(size: int):
+            a_size = list(va.shape)
+            a_size[ragged[0]] = size
+            b_size = list(vb.shape)
+            if vb.dim() == 2:
+                b_size[0] = size
+            return grouped_problem(
+                static_ints(a_size, "A sizes"), static_ints(va.stride(), "A strides"),
+                static_ints(b_size, "B sizes"), static_ints(vb.stride(), "B strides"),
+                static_ints(vo.shape, "offsets")[0], va.dtype, va.dtype, self.arch(va.device))
+
+        return self.picker.table(problem_at, dynamic, None if dynamic else total)
+
+
+_GROUPED_MM = torch.ops.aten._grouped_mm.default
+
+
+def _arg(node: torch.fx.Node, i: int, name: str):
+    return node.args[i] if len(node.args) > i else node.kwargs.get(name)
+
+
+def _dtype(x) -> torch.dtype | None:
+    val = getattr(x, "meta", {}).get("val")
+    return val.dtype if isinstance(val, torch.Tensor) else None

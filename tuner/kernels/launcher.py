@@ -77,11 +77,7 @@ class _Mm:
 
     aten = staticmethod(_aten)
 
-    @staticmethod
-    def pending(plan, call) -> bool:
-        """A first launch loads or compiles the kernel, which a CUDA graph being captured may
-        refuse: such a call runs ATen (and the graph keeps it), a later one launches."""
-        return call[0].is_cuda and torch.cuda.is_current_stream_capturing()
+    pending = staticmethod(runtime.capturing)
 
     @staticmethod
     def first_launch(plan: MmPlan, a, b, out, c, alpha, beta) -> None:
@@ -136,12 +132,19 @@ def _cutetune_quack_addmm(inp, a, b, *, out, config, alpha=1, beta=1):
 M_RUNGS = tuple(2 ** i for i in range(16))
 
 
-def m_ranges(pick_at) -> tuple[tuple[int, object], ...]:
-    """``pick_at(m)`` at each of ``M_RUNGS``, merged into ranges ``(largest M, pick)`` in
-    ascending M: a rung's range holds the M nearest it in log space (``M * M <= 2 * rung *
-    rung``), the last range every M above (``M_UNBOUNDED``)."""
+def rung_of(m: int) -> int:
+    """The power of two nearest ``m`` in log space: the rung whose range (``m_ranges``) holds
+    ``m``, ``M * M <= 2 * rung * rung``."""
+    low = 1 << max(m.bit_length() - 1, 0)
+    return low if m * m <= 2 * low * low else 2 * low
+
+
+def m_ranges(pick_at, rungs=M_RUNGS) -> tuple[tuple[int, object], ...]:
+    """``pick_at(m)`` at each of ``rungs`` (ascending powers of two), merged into ranges
+    ``(largest M, pick)`` in ascending M: a rung's range holds the M nearest it in log space
+    (``rung_of``), the last range every M above (``M_UNBOUNDED``)."""
     table: list[tuple[int, object]] = []
-    for m in M_RUNGS:
+    for m in rungs:
         pick, m_max = pick_at(m), math.isqrt(2 * m * m)
         if table and table[-1][1] == pick:
             table[-1] = (m_max, pick)
@@ -192,11 +195,12 @@ def extern_choices() -> dict[str, object]:
     return _extern
 
 
-def register_extern(name: str, fn):
-    """An Inductor ExternKernelChoice (out variant) that generated code calls as
-    ``extern_kernels.<name>``, registered under that name."""
+def register_extern(name: str, fn, out_variant: bool = True):
+    """An Inductor ExternKernelChoice (``fn`` writes ``out=`` where ``out_variant``, else
+    returns its result) that generated code calls as ``extern_kernels.<name>``, registered
+    under that name."""
     from torch._inductor.select_algorithm import ExternKernelChoice, extern_kernels
 
     if hasattr(extern_kernels, name):  # a reloaded module re-registers its kernels
         delattr(extern_kernels, name)
-    return ExternKernelChoice(fn, name=name, has_out_variant=True)
+    return ExternKernelChoice(fn, name=name, has_out_variant=out_variant)

@@ -16,7 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ...space.config import KernelConfig
-from ...space.problem import TMA_ALIGN_BYTES, GemmProblem, ProblemError
+from ...space.problem import TMA_ALIGN_BYTES, GemmProblem, GroupedProblem, ProblemError
 from ...space.rules import violations
 
 TORCH_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -68,6 +68,45 @@ def gemm_problem(a_size, a_stride, b_size, b_stride, dtype: torch.dtype, out_dty
     name = TORCH_DTYPES[dtype]
     return GemmProblem(m=int(m), n=int(n), k=int(k), batch=int(batch), dtype=name, out_dtype=name,
                        a_major=a_major, b_major=b_major, arch=arch)
+
+
+def grouped_problem(a_size, a_stride, b_size, b_stride, groups: int, dtype: torch.dtype,
+                    out_dtype: torch.dtype, arch: str | None) -> GroupedProblem:
+    """The GroupedProblem of ``torch._grouped_mm(A, B, offs)`` with ``groups`` offsets, for
+    operands of these sizes and strides, or ProblemError naming why quack's varlen kernels
+    cannot run it. Their forms are the MoE layer's: 2D x 3D, A (M_total, K) row-major with
+    B (E, K, N) K-major (the forward, W[e]^T) or N-major (the input gradient, W[e]); 2D x 2D,
+    A (M, K_total) M-major and B (K_total, N) row-major into (E, M, N) (the weight gradient)."""
+    if arch is None:
+        raise ProblemError("the device is not an sm90 or sm100 GPU")
+    if dtype not in TORCH_DTYPES or out_dtype != dtype:
+        raise ProblemError(f"dtype {dtype} -> {out_dtype} is not supported; quack runs "
+                           f"bf16 or fp16 with the same output dtype")
+    elem, name = dtype.itemsize, TORCH_DTYPES[dtype]
+    if len(a_size) == 2 and len(b_size) == 3:
+        (m, k), (e, k2, n) = a_size, b_size
+        if k != k2 or e != groups:
+            raise ProblemError(f"sizes {tuple(a_size)} @ {tuple(b_size)} with {groups} "
+                               f"offsets do not multiply")
+        if _major(a_size, a_stride, ("m", "k"), elem, "A") != "k":
+            raise ProblemError("A of a varlen-M grouped GEMM must be row-major (K contiguous)")
+        gemm = {"k": "fwd", "n": "dgrad"}[_major(b_size, b_stride, ("k", "n"), elem, "B")]
+        if e > 1 and b_stride[0] * elem % TMA_ALIGN_BYTES:
+            raise ProblemError(f"B's expert stride {b_stride[0]} is not {TMA_ALIGN_BYTES}-byte "
+                               f"aligned")
+    elif len(a_size) == 2 and len(b_size) == 2:
+        (m, k), (k2, n), e, gemm = a_size, b_size, groups, "wgrad"
+        if k != k2:
+            raise ProblemError(f"sizes {tuple(a_size)} @ {tuple(b_size)} do not multiply")
+        if (_major(a_size, a_stride, ("m", "k"), elem, "A"),
+                _major(b_size, b_stride, ("k", "n"), elem, "B")) != ("m", "n"):
+            raise ProblemError("a varlen-K grouped GEMM takes A M-major and B row-major "
+                               "(the weight gradient's dY^T @ X)")
+    else:
+        raise ProblemError(f"quack's grouped GEMMs take 2D x 3D (varlen M) or 2D x 2D "
+                           f"(varlen K) operands, got {len(a_size)}D x {len(b_size)}D")
+    return GroupedProblem(int(e), int(m), int(n), int(k), gemm=gemm, dtype=name, out_dtype=name,
+                          arch=arch)
 
 
 def static_ints(values, what: str) -> tuple[int, ...]:
@@ -134,6 +173,41 @@ def config_tuple(config: KernelConfig) -> tuple:
     return dataclasses.astuple(config)
 
 
+_FIELDS = tuple(f.name for f in dataclasses.fields(KernelConfig))
+
+
+def config_ints(config: KernelConfig) -> list[int]:
+    """A config as the int list a custom op's schema carries."""
+    return [int(v) for v in config_tuple(config)]
+
+
+def config_from_ints(config) -> KernelConfig:
+    return KernelConfig.from_dict(dict(zip(_FIELDS, config)))
+
+
+def table_ints(table) -> list[int]:
+    """A table of configs by range of M (``launcher.m_ranges``; None: ATen) as the int list a
+    custom op's schema carries: per range its largest M and the config's ints, zeros for None
+    (no config has a zero tile)."""
+    return [int(v) for m_max, c in table
+            for v in (m_max, *(config_ints(c) if c is not None else [0] * len(_FIELDS)))]
+
+
+_tables: dict[tuple[int, ...], tuple] = {}  # table_ints -> ranges: parsed once per process
+
+
+def parsed_table(table) -> tuple:
+    """``table_ints``'s ranges back, ``((largest M, config or None), ...)``."""
+    key = tuple(table)
+    ranges = _tables.get(key)
+    if ranges is None:
+        width = 1 + len(_FIELDS)
+        rows = (key[i:i + width] for i in range(0, len(key), width))
+        ranges = _tables[key] = tuple((r[0], config_from_ints(r[1:]) if r[1] else None)
+                                      for r in rows)
+    return ranges
+
+
 def check_config(config: KernelConfig, arch: str, problem: GemmProblem) -> None:
     """ProblemError naming the validity rules ``config`` breaks for ``problem``, if any."""
     bad = violations(config, arch, problem)
@@ -159,6 +233,19 @@ def call_problem(a, b, out, config: KernelConfig, c, beta) -> tuple[GemmProblem,
         addend = addend_kind(c.shape, c.stride(), c.dtype, out.dtype, problem.m, problem.n, beta)
     check_config(config, arch, problem)
     return problem, addend
+
+
+def grouped_call_problem(a, b, offs) -> GroupedProblem:
+    """The GroupedProblem of a ``grouped_mm`` call (from metadata: base pointers are checked
+    on each call), or ProblemError naming why quack cannot run it."""
+    if b.device != a.device or offs.device != a.device:
+        raise ProblemError("operands are on different devices")
+    if offs.dtype != torch.int32 or offs.dim() != 1:
+        raise ProblemError(f"offs must be a 1D int32 tensor, got {offs.dim()}D {offs.dtype}")
+    if b.dtype != a.dtype:
+        raise ProblemError(f"A is {a.dtype} and B {b.dtype}; quack takes one dtype for both")
+    return grouped_problem(a.shape, a.stride(), b.shape, b.stride(), offs.shape[0], a.dtype,
+                           a.dtype, device_arch(a.device))
 
 
 def fused_call_problem(a, b, gate, out, config: KernelConfig) -> GemmProblem:

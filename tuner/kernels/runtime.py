@@ -44,6 +44,15 @@ class Kernel(Protocol):
     def describe(self, plan: Plan, call: tuple) -> str: ...
 
 
+def capturing(plan: Plan, call: tuple) -> bool:
+    """``Kernel.pending`` of a kernel whose first launch loads or compiles it, which a CUDA
+    graph being captured may refuse: such a call runs ATen (and the graph keeps it), a later
+    one launches."""
+    import torch
+
+    return call[0].is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def aligned(*tensors) -> bool:
     """Base pointers quack's TMA can take (checked on every call: only metadata is keyed)."""
     return all(t is None or t.data_ptr() % TMA_ALIGN_BYTES == 0 for t in tensors)

@@ -20,7 +20,6 @@ otherwise.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import Callable
@@ -32,7 +31,7 @@ from ...space.problem import ProblemError
 
 from . import aot, pointwise, problems, runtime
 from .launcher import config_for_m, register_extern
-from .problems import TORCH_DTYPES, as_config, config_tuple
+from .problems import TORCH_DTYPES, as_config, config_from_ints, config_tuple, parsed_table
 
 log = logging.getLogger(__name__)
 
@@ -211,43 +210,6 @@ def quack_mm_silu_mul_out(a: torch.Tensor, b: torch.Tensor, gate: torch.Tensor,
 
 
 # ---------------------------------------------------------------- the op graphs call
-def config_ints(config: KernelConfig) -> list[int]:
-    """A config as the int list the custom op's schema carries."""
-    return [int(v) for v in config_tuple(config)]
-
-
-_FIELDS = tuple(f.name for f in dataclasses.fields(KernelConfig))
-
-
-def _from_ints(config) -> KernelConfig:
-    return KernelConfig.from_dict(dict(zip(_FIELDS, config)))
-
-
-def table_ints(table) -> list[int]:
-    """A table of fused configs by range of M (``launcher.m_ranges``; None: unfused) as the
-    int list ``mm_silu_mul_by_m``'s schema carries: per range its largest M and the
-    config's ints, zeros for None (no config has a zero tile)."""
-    return [int(v) for m_max, c in table
-            for v in (m_max, *(config_ints(c) if c is not None else [0] * len(_FIELDS)))]
-
-
-def _table(ints: tuple[int, ...]) -> tuple:
-    width = 1 + len(_FIELDS)
-    rows = (ints[i:i + width] for i in range(0, len(ints), width))
-    return tuple((r[0], _from_ints(r[1:]) if r[1] else None) for r in rows)
-
-
-_tables: dict[tuple[int, ...], tuple] = {}  # table_ints -> _table: parsed once per process
-
-
-def _parsed(table: list[int]) -> tuple:
-    key = tuple(table)
-    ranges = _tables.get(key)
-    if ranges is None:
-        ranges = _tables[key] = _table(key)
-    return ranges
-
-
 # Names under which Inductor's generated code calls the two ops (``install_lowerings``)
 MM_SILU_MUL_KERNEL = "cutetune_quack_mm_silu_mul"
 MM_SILU_MUL_BY_M_KERNEL = "cutetune_quack_mm_silu_mul_by_m"
@@ -270,19 +232,19 @@ def mm_silu_mul_by_m_out(a, b, gate, *, out, table):
 @torch.library.custom_op("cutetune::mm_silu_mul", mutates_args=())
 def mm_silu_mul(a: torch.Tensor, b: torch.Tensor, gate: torch.Tensor,
                 config: list[int]) -> torch.Tensor:
-    """``silu(gate) * (a @ b)`` with quack's fused kernel for ``config`` (``config_ints``)."""
+    """``silu(gate) * (a @ b)`` with quack's fused kernel for ``config`` (``problems.config_ints``)."""
     out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
-    return mm_silu_mul_out(a, b, gate, out=out, config=_from_ints(config))
+    return mm_silu_mul_out(a, b, gate, out=out, config=config_from_ints(config))
 
 
 @torch.library.custom_op("cutetune::mm_silu_mul_by_m", mutates_args=())
 def mm_silu_mul_by_m(a: torch.Tensor, b: torch.Tensor, gate: torch.Tensor,
                      table: list[int]) -> torch.Tensor:
     """``silu(gate) * (a @ b)`` for an M known only at run time: fused with the config of
-    the range of ``table`` (``table_ints``) holding this call's M, or unfused (ATen) where
+    the range of ``table`` (``problems.table_ints``) holding this call's M, or unfused (ATen) where
     that range has none."""
     out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
-    return mm_silu_mul_by_m_out(a, b, gate, out=out, table=_parsed(table))
+    return mm_silu_mul_by_m_out(a, b, gate, out=out, table=parsed_table(table))
 
 
 _externs: dict[str, object] = {}
@@ -305,11 +267,11 @@ def install_lowerings() -> None:
 
     def by_m_kwargs(ints):
         return {"table": tuple((m, None if c is None else config_tuple(c))
-                               for m, c in _parsed(ints))}
+                               for m, c in parsed_table(ints))}
 
     for op, name, fn, kwargs_of in (
             (torch.ops.cutetune.mm_silu_mul.default, MM_SILU_MUL_KERNEL, mm_silu_mul_out,
-             lambda ints: {"config": config_tuple(_from_ints(ints))}),
+             lambda ints: {"config": config_tuple(config_from_ints(ints))}),
             (torch.ops.cutetune.mm_silu_mul_by_m.default, MM_SILU_MUL_BY_M_KERNEL,
              mm_silu_mul_by_m_out, by_m_kwargs)):
         choice = _externs[name] = register_extern(name, fn)

@@ -1,0 +1,385 @@
+"""MoE expert GEMMs on the GPU: cutetune's grouped GEMMs against torch._grouped_mm and
+Inductor's max-autotune, one GEMM at a time and in a whole MoE block.
+
+    python scripts/bench_moe.py gemms --out FILE [--max-autotune N]
+    python scripts/bench_moe.py block --model M --mode MODE --out FILE
+    python scripts/bench_moe.py run --out DIR [--budget-s S]
+
+``gemms``: every grouped GEMM of the block (gate+up and down; forward, input and weight
+gradients) of DeepSeek-V3 and Qwen3-30B-A3B at each token count, on Dirichlet-skewed routing:
+torch._grouped_mm and the predicted pick (the shipped model's top-1, or ATen where its fallback
+says so), timed L2-cold by the dataset's harness (``tuner.measure.timing.time_launches``); for
+the first N forward GEMMs at 1024 and 8192 tokens also Inductor's max-autotune choice, with its compile seconds; and
+the host time of one eager call at 128 tokens, torch._grouped_mm against cutetune.grouped_mm.
+
+``block``: the MoE block (router softmax and top-k, token permutation, grouped gate+up,
+SwiGLU, grouped down, weighted unpermute) in one mode: eager (torch._grouped_mm),
+cutetune_eager (cutetune.grouped_mm), default (torch.compile), predicted (cutetune predicted
+mode) or max-autotune (max-autotune-no-cudagraphs). Compiled once per phase with a dynamic
+token count; forward (inference) and forward+backward (training); step time median with p20
+and p80; compile seconds (the first call); relative error against the block in fp32.
+
+``run``: every mode's block in a fresh process with cold caches, then ``gemms``; writes
+DIR/moe_block_h200.json (with speedups against default) and DIR/moe_gemms_h200.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from cutetune.space.suites import MOE_MODELS, expert_gemm, expert_projections, routing_counts
+
+MODELS = ("deepseek_v3", "qwen3_30b_a3b")
+TOKENS = (128, 1024, 8192, 32768)
+MODES = ("eager", "cutetune_eager", "default", "predicted", "max-autotune")
+GEMMS = ("fwd", "dgrad", "wgrad")
+MAX_AUTOTUNE_TOKENS = (1024, 8192)  # max-autotune's compile takes 10-20 s a GEMM: a subset
+
+
+def _quantiles(times) -> dict:
+    median, p20, p80 = np.quantile(times, (0.5, 0.2, 0.8))
+    return {"median": float(median), "p20": float(p20), "p80": float(p80)}
+
+
+# ================================================================ one GEMM at a time
+def gemms(args) -> dict:
+    import torch
+
+    from cutetune.tuner.kernels.grouped_mm import picker
+    from cutetune.tuner.kernels.quack_gemm import grouped_kernel
+    from cutetune.tuner.measure.grouped import GroupedBuffers
+    from cutetune.tuner.measure.timing import TimingPolicy, time_launches
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    policy = TimingPolicy(warmup=3, min_reps=10, max_reps=50, target_ms=20.0)
+    pick, rows, autotuned = picker().pick, [], 0
+    deadline = time.time() + args.budget_s
+    for model in MODELS:
+        layer = MOE_MODELS[model]
+        for tokens in TOKENS:
+            for proj, (n, k) in expert_projections(layer).items():
+                for gemm in GEMMS:
+                    if time.time() > deadline:
+                        break
+                    p = expert_gemm(gemm, layer.experts, tokens * layer.top_k, n, k)
+                    counts = routing_counts(p.experts, tokens * layer.top_k, "skewed")
+                    buf = GroupedBuffers(p, counts, l2)
+                    row = {"model": model, "tokens": tokens, "proj": proj, "gemm": gemm,
+                           "problem": p.key()}
+                    times, err = time_launches(
+                        lambda a, b, d, cu, offs: torch._grouped_mm(a, b, offs=offs), buf, policy)
+                    row["aten_ms"], row["aten_err"] = _quantiles(times), err
+                    config = pick(p)
+                    row["pick"] = "aten" if config is None else config.short()
+                    if config is not None:
+                        kernel = grouped_kernel(config, p.arch, p.ragged)
+                        times, err = time_launches(
+                            lambda a, b, d, cu, offs: kernel(a, b, d, cu), buf, policy)
+                        row["predicted_ms"], row["predicted_err"] = _quantiles(times), err
+                    else:
+                        row["predicted_ms"], row["predicted_err"] = row["aten_ms"], err
+                    if gemm == "fwd" and tokens in MAX_AUTOTUNE_TOKENS \
+                            and autotuned < args.max_autotune:
+                        autotuned += 1
+                        row.update(_max_autotune(torch, buf, policy))
+                    row["predicted_over_aten"] = (row["aten_ms"]["median"]
+                                                  / row["predicted_ms"]["median"])
+                    if "max_autotune_ms" in row:
+                        row["predicted_over_max_autotune"] = (
+                            row["max_autotune_ms"]["median"] / row["predicted_ms"]["median"])
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+                    del buf
+                    torch.cuda.empty_cache()
+    speedups = [r["predicted_over_aten"] for r in rows]
+    over_ma = [r["predicted_over_max_autotune"] for r in rows if
+               "predicted_over_max_autotune" in r]
+    return {"rows": rows, "complete": len(rows) == len(MODELS) * len(TOKENS) * 2 * len(GEMMS),
+            "host_us_at_128_tokens": _host_us(torch),
+            "summary": {
+                "predicted_over_aten_geomean": _geomean(speedups),
+                "predicted_over_aten_min": min(speedups),
+                "predicted_over_max_autotune_geomean": _geomean(over_ma) if over_ma else None,
+                "predicted_over_max_autotune_min": min(over_ma) if over_ma else None,
+                "max_autotune_compile_s": [r["max_autotune_compile_s"] for r in rows
+                                           if "max_autotune_compile_s" in r]}}
+
+
+def _geomean(x) -> float:
+    return float(math.exp(np.mean(np.log(x))))
+
+
+def _max_autotune(torch, buf, policy) -> dict:
+    """Inductor's max-autotune choice for one grouped GEMM of the buffers' layout: compiled
+    alone, its compile (and autotune) seconds, then timed as the others are."""
+    torch._dynamo.reset()
+    fn = torch.compile(lambda a, b, offs: torch._grouped_mm(a, b, offs=offs),
+                       mode="max-autotune-no-cudagraphs", dynamic=False)
+    a, b, _, _, offs = buf.sets[0]
+    t0 = time.perf_counter()
+    fn(a, b, offs)
+    torch.cuda.synchronize()
+    compile_s = time.perf_counter() - t0
+    times, err = time_launches(lambda a, b, d, cu, offs: fn(a, b, offs), buf, policy)
+    return {"max_autotune_ms": _quantiles(times), "max_autotune_err": err,
+            "max_autotune_compile_s": compile_s}
+
+
+def _host_us(torch) -> dict:
+    """Host microseconds to issue one eager call at 128 tokens of DeepSeek-V3's gate+up, with
+    the GPU held busy so no call waits on it: torch._grouped_mm, cutetune.grouped_mm."""
+    import cutetune
+
+    layer = MOE_MODELS["deepseek_v3"]
+    rows = 128 * layer.top_k
+    n, k = expert_projections(layer)["gate_up"]
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(layer.experts, n, k, device="cuda", dtype=torch.bfloat16)
+    counts = routing_counts(layer.experts, rows, "skewed")
+    offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
+    out = {}
+    for name, fn in (("aten", lambda: torch._grouped_mm(x, w.mT, offs=offs)),
+                     ("cutetune", lambda: cutetune.grouped_mm(x, w.mT, offs))):
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        per_call = []
+        for _ in range(15):
+            torch.cuda._sleep(int(5e6))  # ~2.5 ms of GPU sleep: 50 calls queue behind it
+            t0 = time.perf_counter()
+            for _ in range(50):
+                fn()
+            per_call.append((time.perf_counter() - t0) / 50 * 1e6)
+            torch.cuda.synchronize()
+        out[name] = _quantiles(per_call)
+    out["cutetune_minus_aten_us"] = out["cutetune"]["median"] - out["aten"]["median"]
+    return out
+
+
+# ================================================================ the MoE block
+def moe_block(torch, layer, grouped):
+    nn, F = torch.nn, torch.nn.functional
+
+    class MoE(nn.Module):
+        def __init__(self):
+            super().__init__()
+            e, h, i = layer.experts, layer.hidden, layer.intermediate
+            self.router = nn.Linear(h, e, bias=False)
+            self.w13 = nn.Parameter(torch.randn(e, 2 * i, h) * h ** -0.5)
+            self.w2 = nn.Parameter(torch.randn(e, h, i) * i ** -0.5)
+
+        def forward(self, x):
+            e, top = layer.experts, layer.top_k
+            scores = self.router(x).float().softmax(-1)
+            weight, expert = scores.topk(top, dim=-1)  # (T, top)
+            flat = expert.flatten()
+            order = flat.argsort(stable=True)
+            counts = torch.zeros(e, dtype=torch.int32, device=x.device).scatter_add_(
+                0, flat, torch.ones_like(flat, dtype=torch.int32))
+            offs = counts.cumsum(0, dtype=torch.int32)
+            token = order // top
+            h = grouped(x[token], self.w13.mT, offs)
+            gate, up = h.chunk(2, dim=-1)
+            y = grouped(F.silu(gate) * up, self.w2.mT, offs)
+            y = y * weight.flatten()[order, None].to(y.dtype)
+            return x.new_zeros(x.shape, dtype=y.dtype).index_add_(0, token, y)
+
+    return MoE
+
+
+def _fp32_grouped(a, b, offs):
+    """torch._grouped_mm's varlen-M form in fp32, expert by expert: the reference."""
+    import torch
+
+    bounds = [0, *offs.tolist()]
+    out = a.new_empty(a.shape[0], b.shape[-1], dtype=torch.float32)
+    for e, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        out[lo:hi] = a[lo:hi].float() @ b[e].float()
+    return out
+
+
+def block_step(torch, module, mode: str, train: bool):
+    """``step(x, gy)``: the block's forward (under no_grad) or forward and backward, the
+    module compiled as ``mode`` says (eager modes: as it is)."""
+    compile_mode = {"default": "default", "predicted": "default",
+                    "max-autotune": "max-autotune-no-cudagraphs"}.get(mode)
+    forward = module if compile_mode is None else torch.compile(module, mode=compile_mode)
+
+    def step(x, gy=None):
+        if not train:
+            with torch.no_grad():
+                return forward(x)
+        for p in module.parameters():
+            p.grad = None
+        y = forward(x)
+        y.backward(gy)
+        return y
+
+    return step
+
+
+def block(args) -> dict:
+    import torch
+
+    import cutetune
+
+    torch.manual_seed(0)
+    layer = MOE_MODELS[args.model]
+    grouped = cutetune.grouped_mm if args.mode == "cutetune_eager" else (
+        lambda a, b, offs: torch._grouped_mm(a, b, offs=offs))
+    module = moe_block(torch, layer, grouped)().cuda().to(torch.bfloat16)
+    installation = cutetune.enable("predicted") if args.mode == "predicted" else None
+    result = {"model": args.model, "mode": args.mode, "layer": layer._asdict(), "phases": {}}
+    tokens = [int(t) for t in args.tokens.split(",")]
+    for phase in args.phases.split(","):
+        torch._dynamo.reset()
+        train = phase == "train"
+        fn = block_step(torch, module, args.mode, train)
+        rows = []
+        for t in tokens:
+            x = torch.randn(t, layer.hidden, device="cuda", dtype=torch.bfloat16)
+            torch._dynamo.maybe_mark_dynamic(x, 0)  # one graph for every token count
+            gy = torch.randn_like(x) if train else None
+            t0 = time.perf_counter()
+            y = fn(x, gy)
+            torch.cuda.synchronize()
+            row = {"tokens": t, "first_call_s": time.perf_counter() - t0}
+            if t == tokens[0]:
+                row["rel_err_vs_fp32"] = rel_err_fp32(torch, module, layer, x, y)
+            for _ in range(3):
+                fn(x, gy)
+            torch.cuda.synchronize()
+            iters = max(1, min(50, int(0.2 / max(_one(torch, fn, x, gy), 1e-5))))
+            times = []
+            for _ in range(args.repeats):
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+                for _ in range(iters):
+                    fn(x, gy)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / iters)
+            row["step_ms"] = _quantiles(times)
+            print(json.dumps({"phase": phase, **row}), flush=True)
+            rows.append(row)
+        result["phases"][phase] = {"compile_s": rows[0]["first_call_s"], "rows": rows}
+    if installation is not None:
+        installation.disable()
+    return result
+
+
+def _one(torch, fn, x, gy) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn(x, gy)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def rel_err_fp32(torch, module, layer, x, y) -> float:
+    """The block's output against the same block with its grouped GEMMs in fp32 (the same
+    routing: the router runs as in the mode under test)."""
+    ref_block = moe_block(torch, layer, _fp32_grouped)().to(x.device, torch.bfloat16)
+    ref_block.load_state_dict(module.state_dict())
+    with torch.no_grad():
+        ref = ref_block(x).float()
+    return float(torch.linalg.vector_norm(y.detach().float() - ref) / torch.linalg.vector_norm(ref))
+
+
+# ================================================================ every mode, fresh processes
+def run(args) -> None:
+    os.makedirs(args.out, exist_ok=True)
+    deadline = time.time() + args.budget_s
+    blocks = []
+    for model in MODELS:
+        for mode in args.modes.split(","):
+            left = deadline - time.time()
+            if left < 30:
+                print(f"skipped {model} {mode}: out of time", flush=True)
+                continue
+            with tempfile.TemporaryDirectory() as cache:
+                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
+                       "QUACK_CACHE_DIR": f"{cache}/quack", "CUTETUNE_CACHE": f"{cache}/ct",
+                       "TRITON_CACHE_DIR": f"{cache}/triton", "PYTHONUNBUFFERED": "1"}
+                out = f"{cache}/block.json"
+                cmd = [sys.executable, __file__, "block", "--model", model, "--mode", mode,
+                       "--out", out, "--tokens", args.tokens, "--phases", args.phases]
+                try:
+                    subprocess.run(cmd, env=env, timeout=left, check=True)
+                    with open(out) as f:
+                        blocks.append(json.load(f))
+                except (subprocess.SubprocessError, OSError) as e:
+                    print(f"{model} {mode} failed: {e}", flush=True)
+                    blocks.append({"model": model, "mode": mode, "error": str(e)})
+    with open(os.path.join(args.out, "moe_block_h200.json"), "w") as f:
+        json.dump({"command": " ".join(sys.argv), "blocks": blocks,
+                   "speedups": _speedups(blocks)}, f, indent=1)
+    if not args.skip_gemms and time.time() < deadline - 60:
+        gemm_args = argparse.Namespace(max_autotune=args.max_autotune,
+                                       budget_s=deadline - time.time() - 20)
+        with open(os.path.join(args.out, "moe_gemms_h200.json"), "w") as f:
+            json.dump({"command": " ".join(sys.argv), **gemms(gemm_args)}, f, indent=1)
+
+
+def _speedups(blocks) -> dict:
+    """Per model and phase: each mode's step against default's (>1: faster), by token count
+    and geomean, and compile seconds beside default's."""
+    by = {(b["model"], b["mode"]): b for b in blocks if "phases" in b}
+    out = {}
+    for (model, mode), b in by.items():
+        base = by.get((model, "default"))
+        if base is None or mode == "default":
+            continue
+        for phase, res in b["phases"].items():
+            if phase not in base["phases"]:
+                continue
+            ref = {r["tokens"]: r["step_ms"]["median"] for r in base["phases"][phase]["rows"]}
+            ratios = {r["tokens"]: ref[r["tokens"]] / r["step_ms"]["median"]
+                      for r in res["rows"] if r["tokens"] in ref}
+            out[f"{model}/{phase}/{mode}"] = {
+                "over_default": ratios, "geomean": _geomean(list(ratios.values())),
+                "compile_s": res["compile_s"], "default_compile_s": base["phases"][phase]["compile_s"]}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("gemms")
+    g.add_argument("--out", required=True)
+    g.add_argument("--max-autotune", type=int, default=8)
+    g.add_argument("--budget-s", type=float, default=300)
+    b = sub.add_parser("block")
+    b.add_argument("--model", choices=MODELS, required=True)
+    b.add_argument("--mode", choices=MODES, required=True)
+    b.add_argument("--out", required=True)
+    b.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    b.add_argument("--phases", default="fwd,train")
+    b.add_argument("--repeats", type=int, default=15)
+    r = sub.add_parser("run")
+    r.add_argument("--out", required=True)
+    r.add_argument("--budget-s", type=float, default=480)
+    r.add_argument("--modes", default="eager,cutetune_eager,default,predicted")
+    r.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    r.add_argument("--phases", default="fwd,train")
+    r.add_argument("--max-autotune", type=int, default=8)
+    r.add_argument("--skip-gemms", action="store_true")
+    args = ap.parse_args()
+    if args.cmd == "run":
+        return run(args)
+    res = gemms(args) if args.cmd == "gemms" else block(args)
+    with open(args.out, "w") as f:
+        json.dump({"command": " ".join(sys.argv), **res}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

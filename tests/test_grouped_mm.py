@@ -1,0 +1,224 @@
+"""``cutetune.grouped_mm`` and the grouped GEMM pass, up to the GPU: the one conversion from
+operands to a GroupedProblem, the model's picks by rung, the op's ATen path and autograd, and
+the compiled graphs' tables (the kernels themselves: test_grouped_mm_gpu.py)."""
+
+import logging
+
+import pytest
+import torch
+from torch._inductor import config as inductor_config
+from torch._inductor.utils import run_and_get_code
+
+import cutetune
+from cutetune.models.artifact import load_model
+from cutetune.space.config import KernelConfig
+from cutetune.space.problem import GroupedProblem, ProblemError
+from cutetune.tuner.inductor import install as iin
+from cutetune.tuner.inductor.passes import GroupedMmPass, SwigluFusionPass
+from cutetune.tuner.kernels import grouped_mm as gmm
+from cutetune.tuner.kernels import problems
+from cutetune.tuner.kernels.launcher import M_UNBOUNDED
+
+BF16 = torch.bfloat16
+CONFIG = KernelConfig(tile_m=128, tile_n=128)
+
+
+def operands(e=4, m=64, k=32, n=48, counts=(16, 16, 8, 24)):
+    a = torch.randn(m, k, dtype=BF16, requires_grad=True)
+    w = torch.randn(e, n, k, dtype=BF16, requires_grad=True)
+    offs = torch.tensor(counts, dtype=torch.int32).cumsum(0).to(torch.int32)
+    return a, w, offs
+
+
+def grouped(a, b, groups, dtype=BF16, arch="sm90"):
+    return problems.grouped_problem(a.shape, a.stride(), b.shape, b.stride(), groups, dtype,
+                                    dtype, arch)
+
+
+# ---------------------------------------------------------------- operands -> problem
+def test_the_three_moe_forms_are_the_three_grouped_gemms():
+    x, w = torch.empty(640, 7168), torch.empty(8, 4096, 7168)
+    fwd = grouped(x, w.mT, 8)
+    assert fwd == GroupedProblem(8, 640, 4096, 7168, gemm="fwd")
+    dy = torch.empty(640, 4096)
+    assert grouped(dy, w, 8) == GroupedProblem(8, 640, 7168, 4096, gemm="dgrad")
+    assert grouped(dy.mT, x, 8) == GroupedProblem(8, 4096, 7168, 640, gemm="wgrad")
+
+
+@pytest.mark.parametrize("a, b, why", [
+    (torch.empty(64, 32).mT.contiguous().mT, torch.empty(4, 48, 32).mT, "row-major"),
+    (torch.empty(64, 32), torch.empty(3, 48, 32).mT, "do not multiply"),
+    (torch.empty(4, 64, 32), torch.empty(4, 32, 48), "2D x 3D"),
+    (torch.empty(64, 32), torch.empty(32, 48), "M-major"),
+    (torch.empty(64, 30), torch.empty(4, 48, 30).mT, "aligned"),
+])
+def test_forms_quack_cannot_run_are_named(a, b, why):
+    with pytest.raises(ProblemError, match=why):
+        grouped(a, b, 4)
+
+
+def test_dtypes_and_devices_are_checked():
+    with pytest.raises(ProblemError, match="dtype"):
+        grouped(torch.empty(64, 32), torch.empty(4, 48, 32).mT, 4, dtype=torch.float32)
+    with pytest.raises(ProblemError, match="sm90 or sm100"):
+        grouped(torch.empty(64, 32), torch.empty(4, 48, 32).mT, 4, arch=None)
+    a, w, offs = operands()
+    with pytest.raises(ProblemError, match="int32"):
+        problems.grouped_call_problem(a, w.mT, offs.long())
+    with pytest.raises(ProblemError, match="one dtype"):
+        problems.grouped_call_problem(a, w.mT.half(), offs)
+
+
+# ---------------------------------------------------------------- the model's picks
+class Stub:
+    """A grouped model that picks CONFIG, and prefers ATen for varlen K."""
+
+    def __init__(self):
+        self.asked = []
+
+    def rank(self, problem, top_k=None):
+        self.asked.append(problem)
+        return [(CONFIG, 1.0)]
+
+    def prefers_aten(self, problem):
+        return problem.ragged == "k"
+
+
+def test_picker_asks_once_per_problem_and_respects_the_fallback():
+    stub = Stub()
+    picker = gmm.Picker(stub)
+    p = GroupedProblem(8, 1024, 4096, 7168)
+    assert picker.pick(p) == CONFIG and picker.pick(p) == CONFIG
+    assert stub.asked == [p]
+    assert picker.pick(GroupedProblem(8, 4096, 7168, 1024, gemm="wgrad")) is None
+
+
+def test_the_shipped_model_picks_for_the_moe_shapes():
+    picker = gmm.Picker()
+    model = load_model(None, "sm90", "bf16", "grouped")
+    for tokens in (16, 1024, 32768):
+        p = GroupedProblem(256, tokens * 8, 4096, 7168)
+        pick = picker.pick(p)
+        assert pick is None if model.prefers_aten(p) else pick == model.rank(p, top_k=1)[0][0]
+
+
+def test_a_missing_model_runs_aten_with_a_warning(tmp_path, caplog):
+    picker = gmm.Picker(tmp_path / "nope.json")
+    with caplog.at_level(logging.WARNING, logger=gmm.log.name):
+        assert picker.pick(GroupedProblem(8, 1024, 4096, 7168)) is None
+    assert "does not exist" in caplog.text
+    assert picker.digest() == "none"
+
+
+def test_a_dynamic_size_gets_a_pick_per_range():
+    picker = gmm.Picker(Stub())
+    base = GroupedProblem(8, 1024, 4096, 7168)
+    table = picker.table(lambda m: gmm.with_ragged(base, m), dynamic=True)
+    assert table == ((M_UNBOUNDED, CONFIG),)
+    static = picker.table(lambda m: gmm.with_ragged(base, m), dynamic=False, total=1000)
+    assert static == ((M_UNBOUNDED, CONFIG),)
+    bad = picker.table(lambda m: gmm.with_ragged(base, m * 0), dynamic=True)  # ProblemError
+    assert bad == ((M_UNBOUNDED, None),)
+
+
+# ---------------------------------------------------------------- the op, off the GPU
+def test_the_op_matches_torch_grouped_mm_with_gradients():
+    a, w, offs = operands(counts=(16, 0, 8, 40))  # an empty expert
+    gy = torch.randn(64, 48, dtype=BF16)
+    a2, w2 = (t.detach().clone().requires_grad_() for t in (a, w))
+    y = cutetune.grouped_mm(a, w.mT, offs)
+    y.backward(gy)
+    y2 = torch._grouped_mm(a2, w2.mT, offs=offs)
+    y2.backward(gy)
+    assert torch.equal(y, y2) and torch.equal(a.grad, a2.grad) and torch.equal(w.grad, w2.grad)
+    assert y.is_contiguous()
+
+
+def test_the_varlen_k_form_runs_without_a_backward():
+    a, w, offs = operands()
+    dy = torch.randn(64, 48, dtype=BF16)
+    out = cutetune.grouped_mm(dy.mT, a.detach(), offs)
+    assert torch.equal(out, torch._grouped_mm(dy.mT, a.detach(), offs=offs))
+    assert out.shape == (4, 48, 32)
+    with pytest.raises(RuntimeError, match="varlen M"):
+        cutetune.grouped_mm(dy.mT.requires_grad_(), a.detach(), offs).sum().backward()
+
+
+def test_a_table_picks_the_range_of_the_call_and_cpu_runs_aten():
+    a, w, offs = operands()
+    table = problems.table_ints(((32, None), (M_UNBOUNDED, CONFIG)))
+    out = torch.ops.cutetune.grouped_mm(a.detach(), w.detach().mT, offs, table)
+    assert torch.equal(out, torch._grouped_mm(a.detach(), w.detach().mT, offs=offs))
+    assert gmm.launched_via(a, w.mT, offs, table) is None  # no GPU: ATen
+
+
+# ---------------------------------------------------------------- compiled graphs
+@pytest.fixture
+def stub_pass():
+    """The grouped pass with the stub model, deciding as if the CPU were an sm90 GPU: the
+    graph gets quack's tables, and the kernel's call then runs ATen (no GPU here)."""
+    picker = gmm.Picker(Stub())
+    torch._dynamo.reset()
+    with inductor_config.patch(fx_graph_cache=False, post_grad_custom_post_pass=GroupedMmPass(
+            picker, "test", lambda device: "sm90")):
+        yield picker
+    torch._dynamo.reset()
+
+
+def _grouped(a, w, offs):
+    return torch._grouped_mm(a, w.mT, offs=offs)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_forward_and_backward_get_the_picks(stub_pass, dynamic):
+    a, w, offs = operands()
+    if dynamic:
+        torch._dynamo.mark_dynamic(a, 0)
+    compiled = torch.compile(_grouped)
+    y, codes = run_and_get_code(lambda: compiled(a, w, offs))
+    code = codes[0]  # the forward's (a dynamic graph's backward is compiled with it)
+    assert code.count(f"{gmm.GROUPED_MM_KERNEL}(") == 1
+    assert f"table=({M_UNBOUNDED}, 128, 128," in code
+    gy = torch.randn(64, 48, dtype=BF16)
+    y.backward(gy)
+    a2, w2 = (t.detach().clone().requires_grad_() for t in (a, w))
+    ref = _grouped(a2, w2, offs)
+    ref.backward(gy)
+    assert torch.equal(y, ref) and torch.equal(a.grad, a2.grad) and torch.equal(w.grad, w2.grad)
+    # forward and input gradient: varlen M; weight gradient: varlen K, which the stub leaves
+    # to ATen (so its node stays aten._grouped_mm)
+    assert {p.gemm for p in stub_pass.picks_} == {"fwd", "dgrad", "wgrad"}
+
+
+def test_nodes_the_pass_must_not_touch_stay(stub_pass):
+    a, w, offs = operands()
+
+    def with_out_dtype(a, w, offs):
+        return torch._grouped_mm(a, w.mT, offs=offs, out_dtype=torch.bfloat16) + 1
+
+    def symbolic_k(a, w, offs):
+        return torch._grouped_mm(a, w.mT, offs=offs)
+
+    _, (code,) = run_and_get_code(torch.compile(with_out_dtype), a.detach(), w.detach(), offs)
+    assert gmm.GROUPED_MM_KERNEL in code  # out_dtype equal to the input's is the default
+    torch._dynamo.reset()
+    _, (code,) = run_and_get_code(torch.compile(symbolic_k, dynamic=True), a.detach(),
+                                  w.detach(), offs)
+    assert gmm.GROUPED_MM_KERNEL not in code  # N and K symbolic: no problem, ATen
+
+
+def test_enable_chains_the_grouped_pass_after_swiglu_and_the_users():
+    def users(graph):
+        pass
+
+    with inductor_config.patch(post_grad_custom_post_pass=users):
+        with iin.enable("predicted"):
+            slot = inductor_config.post_grad_custom_post_pass
+            assert isinstance(slot, GroupedMmPass)
+            assert isinstance(slot.user_pass, SwigluFusionPass)
+            assert slot.user_pass.user_pass is users
+            with iin.enable("predicted", fuse_swiglu=False):
+                inner = inductor_config.post_grad_custom_post_pass
+                assert isinstance(inner, GroupedMmPass) and inner.user_pass is users
+            assert inductor_config.post_grad_custom_post_pass is slot
+        assert inductor_config.post_grad_custom_post_pass is users

@@ -1,0 +1,302 @@
+"""``cutetune.grouped_mm``: torch._grouped_mm's MoE forms on quack's varlen kernels, with the
+config the grouped cost model picks from host-known sizes (experts, routed rows, N, K), and
+torch._grouped_mm wherever quack cannot run a call or the model expects ATen to win.
+
+One custom op, ``cutetune::grouped_mm(a, b, offs, table)``, serves eager calls, CUDA graphs,
+torch.compile and autograd. ``table`` is the config per range of the ragged size
+(``problems.table_ints``), decided at compile time by Inductor's pass (``inductor/grouped.py``);
+without one (eager) each call looks up the pick of its rung (``launcher.rung_of``), which the
+model decides once per shape and rung: after that a call costs no model time and no GPU sync.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from ...space.config import KernelConfig
+from ...space.problem import GroupedProblem, ProblemError
+
+from . import problems, runtime
+from .launcher import M_UNBOUNDED, config_for_m, rung_of
+from .problems import parsed_table
+from .quack_gemm import MmPlan, launch
+
+log = logging.getLogger(__name__)
+
+MODEL_VARIABLE = "CUTETUNE_GROUPED_MODEL"
+# Rungs of a dynamic ragged size: routed rows reach 65536 tokens x top-8
+RAGGED_RUNGS = tuple(2 ** i for i in range(21))
+
+
+# ---------------------------------------------------------------- the model's picks
+class Picker:
+    """The grouped cost model's pick per problem: its top-1 config, or None where its ATen
+    fallback expects torch._grouped_mm to win or there is no model for the problem's
+    arch/dtype. ``model``: a CostModel, a model file, or None for $CUTETUNE_GROUPED_MODEL,
+    else the shipped one. Picks are kept; models load on first use."""
+
+    def __init__(self, model=None) -> None:
+        self.model = model
+        self.picks_: dict[GroupedProblem, KernelConfig | None] = {}
+        self.models_: dict[tuple[str, str], object] = {}
+
+    def _model_for(self, arch: str, dtype: str):
+        key = (arch, dtype)
+        if key not in self.models_:
+            from ...models.artifact import ModelError, load_model
+
+            source = self.model if self.model is not None else os.environ.get(MODEL_VARIABLE)
+            try:
+                self.models_[key] = source if hasattr(source, "rank") else load_model(
+                    source, arch, dtype, "grouped")
+            except ModelError as e:
+                log.warning("cutetune: grouped GEMMs on %s/%s run torch._grouped_mm (%s)",
+                            arch, dtype, e)
+                self.models_[key] = None
+        return self.models_[key]
+
+    def pick(self, problem: GroupedProblem) -> KernelConfig | None:
+        if problem not in self.picks_:
+            model = self._model_for(problem.arch, problem.dtype)
+            config = None
+            if model is not None and not model.prefers_aten(problem):
+                (config, _), = model.rank(problem, top_k=1)
+            self.picks_[problem] = config
+        return self.picks_[problem]
+
+    def digest(self) -> str:
+        """What identifies the picks (in Inductor's cache key): the model file's bytes."""
+        source = self.model if self.model is not None else os.environ.get(MODEL_VARIABLE)
+        if hasattr(source, "rank"):
+            return f"model@{id(source):x}"
+        if source is None:
+            from ...models.artifact import shipped_model_path
+
+            source = shipped_model_path("sm90", "bf16", "grouped")
+        try:
+            return hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16]
+        except OSError:
+            return "none"  # no model: every grouped GEMM runs ATen
+
+    def table(self, problem_at, dynamic: bool, total: int | None = None):
+        """The config per range of the ragged size: for a static ``total``, the pick at it
+        for every size; for a dynamic one, the pick at each rung (``launcher.m_ranges``).
+        ``problem_at(size)`` is the problem at that ragged size (ProblemError: ATen)."""
+        from .launcher import m_ranges
+
+        def pick_at(size: int) -> KernelConfig | None:
+            try:
+                return self.pick(problem_at(size))
+            except ProblemError:
+                return None
+
+        if not dynamic:
+            return ((M_UNBOUNDED, pick_at(total)),)
+        return m_ranges(pick_at, RAGGED_RUNGS)
+
+
+_PICKER = Picker()
+
+
+def picker() -> Picker:
+    """The picker eager calls and compiled graphs use (``set_model`` replaces it)."""
+    return _PICKER
+
+
+def set_model(model=None) -> None:
+    """Use ``model`` (a CostModel or a grouped model file; None: the default) for eager
+    ``grouped_mm`` calls from now on."""
+    global _PICKER
+    _PICKER = Picker(model)
+    _plans.clear()
+
+
+def with_ragged(problem: GroupedProblem, size: int) -> GroupedProblem:
+    """``problem`` with its ragged dimension's total set to ``size``."""
+    field = "m" if problem.ragged == "m" else "k"
+    d = problem.to_dict()
+    d[field] = size
+    return GroupedProblem(**d)
+
+
+def ragged_total(problem: GroupedProblem) -> int:
+    return problem.m if problem.ragged == "m" else problem.k
+
+
+# ---------------------------------------------------------------- run time
+_plans: dict[tuple, runtime.Plan] = {}
+
+
+def _build_plan(a, b, offs, table) -> runtime.Plan:
+    try:
+        problem = problems.grouped_call_problem(a, b, offs)
+        total = ragged_total(problem)
+        if table is not None:
+            config = config_for_m(parsed_table(table), total)
+        else:
+            config = _PICKER.pick(with_ragged(problem, rung_of(total)))
+        if config is None:
+            return runtime.ATEN
+        problems.check_config(config, problem.arch, problem)
+    except ProblemError as e:
+        log.info("cutetune: torch._grouped_mm for %s @ %s (%s)", tuple(a.shape), tuple(b.shape),
+                 e)
+        return runtime.ATEN
+    return MmPlan(config, problem.arch)
+
+
+def _aten(a, b, offs, out=None, cu=None):
+    """torch._grouped_mm, contiguous as the op's fake says (it pads rows of unaligned N)."""
+    return torch._grouped_mm(a, b, offs=offs).contiguous()
+
+
+def _run(plan: MmPlan, a, b, offs, out, cu) -> None:
+    key = "cu_seqlens_m" if b.dim() == 3 else "cu_seqlens_k"
+    launch(plan, a, b, out, None, 1.0, 1.0, **{key: cu})
+
+
+class _Grouped:
+    """The grouped GEMM's part of ``runtime.call``; a call is ``(a, b, offs, out, cu)``."""
+
+    aten = staticmethod(_aten)
+
+    pending = staticmethod(runtime.capturing)
+
+    @staticmethod
+    def first_launch(plan: MmPlan, *call) -> None:
+        _run(plan, *call)
+        plan.run, plan.via = partial(_run, plan), "quack"
+
+    @staticmethod
+    def describe(plan, call) -> str:
+        return (f"quack config {plan.config.short()} on the grouped {tuple(call[0].shape)} @ "
+                f"{tuple(call[1].shape)}")
+
+
+def _out_shape(a, b, offs) -> tuple[int, ...]:
+    if b.dim() == 3:
+        return (a.shape[0], b.shape[-1])
+    return (offs.shape[0], a.shape[0], b.shape[-1])
+
+
+def _key(a, b, offs, table) -> tuple:
+    return (None if table is None else tuple(table), a.shape, a.stride(), b.shape, b.stride(),
+            offs.shape, offs.dtype, a.dtype, b.dtype, a.device)
+
+
+def grouped_mm_impl(a, b, offs, table=None):
+    """``torch._grouped_mm(a, b, offs=offs)`` on quack's kernel where the plan for this
+    call's metadata has one (``table``: ints of the configs by range, None: the model's pick
+    for the call's rung), else on ATen; contiguous either way."""
+    key = _key(a, b, offs, table)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = _build_plan(a, b, offs, table)
+    if plan.config is None:
+        return _aten(a, b, offs)
+    out = torch.empty(_out_shape(a, b, offs), dtype=a.dtype, device=a.device)
+    cu = torch.nn.functional.pad(offs, (1, 0))  # quack's offsets start at 0
+    return runtime.call(_Grouped, _plans, key, plan, out, (a, b, out), (a, b, offs, out, cu))
+
+
+def launched_via(a, b, offs, table=None) -> str | None:
+    """How calls with this metadata ran so far: "quack", or None (ATen, or none yet)."""
+    plan = _plans.get(_key(a, b, offs, table))
+    return None if plan is None else plan.via
+
+
+# ---------------------------------------------------------------- the op
+@torch.library.custom_op("cutetune::grouped_mm", mutates_args=())
+def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
+                  table: list[int] | None = None) -> torch.Tensor:
+    """See ``grouped_mm``; ``table`` as ``problems.table_ints`` writes it."""
+    return grouped_mm_impl(a, b, offs, table)
+
+
+@grouped_mm_op.register_fake
+def _(a, b, offs, table=None):
+    return a.new_empty(_out_shape(a, b, offs))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    a, b, offs, _ = inputs
+    ctx.save_for_backward(a, b, offs)
+
+
+def _backward(ctx, grad):
+    """The input gradient is a varlen-M GEMM with W's other major, the weight gradient a
+    varlen-K one: both grouped GEMMs of this op, each with its own pick."""
+    a, b, offs = ctx.saved_tensors
+    if b.dim() != 3:
+        raise NotImplementedError("cutetune.grouped_mm differentiates the 2D x 3D (varlen M) "
+                                  "form only")
+    grad, grad_a, grad_b = grad.contiguous(), None, None  # sum()'s gradient is a broadcast
+    if ctx.needs_input_grad[0]:
+        grad_a = torch.ops.cutetune.grouped_mm(grad, b.mT, offs)
+    if ctx.needs_input_grad[1]:
+        grad_b = torch.ops.cutetune.grouped_mm(a.mT, grad, offs)
+    return grad_a, grad_b, None, None
+
+
+grouped_mm_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# The name under which Inductor's generated code calls the op's kernel (``install_lowering``)
+GROUPED_MM_KERNEL = "cutetune_quack_grouped_mm"
+
+
+def grouped_mm_extern(a, b, offs, *, table):
+    """``cutetune::grouped_mm`` as generated code calls it, ``table`` a literal tuple."""
+    return grouped_mm_impl(a, b, offs, table)
+
+
+_extern: list = []
+
+
+def install_lowering() -> None:
+    """Have Inductor lower the op as an extern kernel with a literal table, a plain function
+    call: through the dispatcher a custom op cost compiled code about 50 us more host time
+    per call on the H200 host (data/bench/op_overhead_h200.json). Once per process (the
+    graph pass that puts tables into graphs installs it); under the C++ wrapper, which cannot
+    call Python, the op stays a custom-op call."""
+    if _extern:
+        return
+    from torch._inductor import ir
+    from torch._inductor.lowering import fallback_handler, register_lowering
+    from torch._inductor.virtualized import V
+
+    from .launcher import register_extern
+
+    op = torch.ops.cutetune.grouped_mm.default
+    choice = register_extern(GROUPED_MM_KERNEL, grouped_mm_extern, out_variant=False)
+    _extern.append(choice)
+
+    def lowering(a, b, offs, table=None):
+        if V.graph.cpp_wrapper or table is None:
+            return fallback_handler(op, add_to_fallback_set=False)(a, b, offs, table)
+        a, b, offs = (ir.ExternKernel.realize_input(t) for t in (a, b, offs))
+        size = ([a.get_size()[0], b.get_size()[-1]] if len(b.get_size()) == 3
+                else [offs.get_size()[0], a.get_size()[0], b.get_size()[-1]])
+        layout = ir.FixedLayout(a.get_device(), a.get_dtype(), size)
+        return choice.bind([a, b, offs], layout, table=tuple(table)).output_node()
+
+    register_lowering(op, type_promotion_kind=None)(lowering)
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``torch._grouped_mm(a, b, offs=offs)`` for an MoE layer's expert GEMMs: ``a`` (M_total,
+    K) rows grouped by expert, ``b`` (E, K, N) (``w.mT`` of a weight (E, N, K), or (E, K, N)
+    itself), ``offs`` the int32 cumulative row counts (E,); or ``a`` (M, K_total) and ``b``
+    (K_total, N) into (E, M, N). Differentiable, graph-capturable and traceable by
+    torch.compile; ATen wherever quack cannot run the call. A call that needs no autograd
+    and is not being traced skips the dispatcher, whose custom-op call costs host time."""
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (
+            a.requires_grad or b.requires_grad)):
+        return torch.ops.cutetune.grouped_mm(a, b, offs)
+    return grouped_mm_impl(a, b, offs)
