@@ -30,6 +30,10 @@ parent's CUDA context, which a fork cannot share, does not matter to it; nothing
 ``cutetune.enable`` starts it before Inductor's import, so it loads while that runs too (it
 then imports Dynamo itself, but not Inductor: ``_uncompiled_torch_compile``).
 
+quack's own compile pool (``quack.cache.async_compile``) is not used instead: its submitter
+imports quack, its sidecar is a fresh interpreter that the first submit waits for, and it makes
+only quack's object files (docs/design.md).
+
 The same helper builds the fused SwiGLU kernels' TVM-FFI libraries (``submit_swiglu``,
 ``aot.py``); in predicted mode it starts with the first such build.
 """
