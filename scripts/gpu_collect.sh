@@ -16,6 +16,8 @@
 #   grouped_mm_tests  cutetune.grouped_mm's GPU tests and the harness's -> $OUT/gpu_tests_grouped_mm.log
 #   moe_bench      scripts/bench_moe.py run: the MoE block in every mode, then its GEMMs
 #                  -> $OUT/moe_block_h200.json, $OUT/moe_gemms_h200.json
+#   compile_ab     scripts/compile_time_ab.py: the compile helper against quack's compile pool
+#                  -> $OUT/compile_time_ab_h200.json
 # Data and quack's kernel cache live under /tmp so they survive between calls on one warm
 # machine; each stage ends by packing the dataset into $OUT.
 set -uo pipefail
@@ -68,6 +70,9 @@ for stage in "$@"; do
         | tee "$OUT/gpu_tests_grouped_mm.log" | tail -n 25 ;;
     moe_bench)
       python scripts/bench_moe.py run --out "$OUT" --budget-s "$(left 20)" 2>&1 | tail -n 60 ;;
+    compile_ab)
+      python scripts/compile_time_ab.py --repeats 2 --variants helper quack_pool \
+        --out "$OUT/compile_time_ab_h200.json" 2>&1 | tail -n 15 ;;
     repeat)
       python -m cutetune collect --problems train --configs sample:20 --limit-problems 30 \
         --out "$ROOT/h200_bf16_repeat" --time-budget "$(left 30)" \
