@@ -166,16 +166,21 @@ def _host_us(torch) -> dict:
 
 
 # ================================================================ the MoE block
-def moe_block(torch, layer, grouped):
+def moe_block(torch, layer, grouped, device="cuda", dtype=None):
+    """The MoE block of ``layer``'s sizes, its parameters made on ``device`` in ``dtype``,
+    its expert GEMMs run by ``grouped`` (an attribute: the reference swaps it)."""
     nn, F = torch.nn, torch.nn.functional
+    dtype = dtype or torch.bfloat16
 
     class MoE(nn.Module):
         def __init__(self):
             super().__init__()
             e, h, i = layer.experts, layer.hidden, layer.intermediate
-            self.router = nn.Linear(h, e, bias=False)
-            self.w13 = nn.Parameter(torch.randn(e, 2 * i, h) * h ** -0.5)
-            self.w2 = nn.Parameter(torch.randn(e, h, i) * i ** -0.5)
+            made = {"device": device, "dtype": dtype}
+            self.grouped = grouped
+            self.router = nn.Linear(h, e, bias=False, **made)
+            self.w13 = nn.Parameter(torch.randn(e, 2 * i, h, **made) * h ** -0.5)
+            self.w2 = nn.Parameter(torch.randn(e, h, i, **made) * i ** -0.5)
 
         def forward(self, x):
             e, top = layer.experts, layer.top_k
@@ -187,13 +192,13 @@ def moe_block(torch, layer, grouped):
                 0, flat, torch.ones_like(flat, dtype=torch.int32))
             offs = counts.cumsum(0, dtype=torch.int32)
             token = order // top
-            h = grouped(x[token], self.w13.mT, offs)
+            h = self.grouped(x[token], self.w13.mT, offs)
             gate, up = h.chunk(2, dim=-1)
-            y = grouped(F.silu(gate) * up, self.w2.mT, offs)
+            y = self.grouped(F.silu(gate) * up, self.w2.mT, offs)
             y = y * weight.flatten()[order, None].to(y.dtype)
             return x.new_zeros(x.shape, dtype=y.dtype).index_add_(0, token, y)
 
-    return MoE
+    return MoE()
 
 
 def _fp32_grouped(a, b, offs):
@@ -236,7 +241,7 @@ def block(args) -> dict:
     layer = MOE_MODELS[args.model]
     grouped = cutetune.grouped_mm if args.mode == "cutetune_eager" else (
         lambda a, b, offs: torch._grouped_mm(a, b, offs=offs))
-    module = moe_block(torch, layer, grouped)().cuda().to(torch.bfloat16)
+    module = moe_block(torch, layer, grouped)
     installation = cutetune.enable("predicted") if args.mode == "predicted" else None
     result = {"model": args.model, "mode": args.mode, "layer": layer._asdict(), "phases": {}}
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -254,7 +259,7 @@ def block(args) -> dict:
             torch.cuda.synchronize()
             row = {"tokens": t, "first_call_s": time.perf_counter() - t0}
             if t == tokens[0]:
-                row["rel_err_vs_fp32"] = rel_err_fp32(torch, module, layer, x, y)
+                row["rel_err_vs_fp32"] = rel_err_fp32(torch, module, x, y)
             for _ in range(3):
                 fn(x, gy)
             torch.cuda.synchronize()
@@ -285,49 +290,63 @@ def _one(torch, fn, x, gy) -> float:
     return time.perf_counter() - t0
 
 
-def rel_err_fp32(torch, module, layer, x, y) -> float:
+def rel_err_fp32(torch, module, x, y) -> float:
     """The block's output against the same block with its grouped GEMMs in fp32 (the same
     routing: the router runs as in the mode under test)."""
-    ref_block = moe_block(torch, layer, _fp32_grouped)().to(x.device, torch.bfloat16)
-    ref_block.load_state_dict(module.state_dict())
-    with torch.no_grad():
-        ref = ref_block(x).float()
+    grouped, module.grouped = module.grouped, _fp32_grouped
+    try:
+        with torch.no_grad():
+            ref = module(x).float()
+    finally:
+        module.grouped = grouped
     return float(torch.linalg.vector_norm(y.detach().float() - ref) / torch.linalg.vector_norm(ref))
 
 
 # ================================================================ every mode, fresh processes
 def run(args) -> None:
+    """Each (model, mode) in a fresh process with cold Inductor and Triton caches. quack's
+    kernel cache is cold for each model's first mode (predicted, whose compile time is a
+    target); the model's later modes share it."""
     os.makedirs(args.out, exist_ok=True)
-    deadline = time.time() + args.budget_s
+    start = time.time()
+    blocks_deadline = start + args.budget_s - args.gemms_s
     blocks = []
-    for model in MODELS:
-        for mode in args.modes.split(","):
-            left = deadline - time.time()
-            if left < 30:
-                print(f"skipped {model} {mode}: out of time", flush=True)
-                continue
-            with tempfile.TemporaryDirectory() as cache:
-                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
-                       "QUACK_CACHE_DIR": f"{cache}/quack", "CUTETUNE_CACHE": f"{cache}/ct",
-                       "TRITON_CACHE_DIR": f"{cache}/triton", "PYTHONUNBUFFERED": "1"}
-                out = f"{cache}/block.json"
-                cmd = [sys.executable, __file__, "block", "--model", model, "--mode", mode,
-                       "--out", out, "--tokens", args.tokens, "--phases", args.phases]
-                try:
-                    subprocess.run(cmd, env=env, timeout=left, check=True)
-                    with open(out) as f:
-                        blocks.append(json.load(f))
-                except (subprocess.SubprocessError, OSError) as e:
-                    print(f"{model} {mode} failed: {e}", flush=True)
-                    blocks.append({"model": model, "mode": mode, "error": str(e)})
+    with tempfile.TemporaryDirectory() as quack_caches:
+        for mode in args.modes.split(","):  # every model's mode before the next mode
+            for model in MODELS:
+                left = blocks_deadline - time.time()
+                if left < 30:
+                    print(f"skipped {model} {mode}: out of time", flush=True)
+                    blocks.append({"model": model, "mode": mode, "error": "out of time"})
+                    continue
+                blocks.append(_block_process(args, model, mode, f"{quack_caches}/{model}",
+                                             left))
     with open(os.path.join(args.out, "moe_block_h200.json"), "w") as f:
         json.dump({"command": " ".join(sys.argv), "blocks": blocks,
                    "speedups": _speedups(blocks)}, f, indent=1)
-    if not args.skip_gemms and time.time() < deadline - 60:
-        gemm_args = argparse.Namespace(max_autotune=args.max_autotune,
-                                       budget_s=deadline - time.time() - 20)
+    left = start + args.budget_s - time.time()
+    if args.gemms_s > 0 and left > 60:
+        gemm_args = argparse.Namespace(max_autotune=args.max_autotune, budget_s=left - 30)
         with open(os.path.join(args.out, "moe_gemms_h200.json"), "w") as f:
             json.dump({"command": " ".join(sys.argv), **gemms(gemm_args)}, f, indent=1)
+
+
+def _block_process(args, model: str, mode: str, quack_cache: str, timeout: float) -> dict:
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor",
+               "QUACK_CACHE_DIR": quack_cache, "CUTETUNE_CACHE": f"{cache}/ct",
+               "TRITON_CACHE_DIR": f"{cache}/triton", "PYTHONUNBUFFERED": "1"}
+        out = f"{cache}/block.json"
+        cmd = [sys.executable, __file__, "block", "--model", model, "--mode", mode,
+               "--out", out, "--tokens", args.tokens, "--phases", args.phases]
+        t0 = time.time()
+        try:
+            subprocess.run(cmd, env=env, timeout=timeout, check=True)
+            with open(out) as f:
+                return {**json.load(f), "process_s": time.time() - t0}
+        except (subprocess.SubprocessError, OSError) as e:
+            print(f"{model} {mode} failed: {e}", flush=True)
+            return {"model": model, "mode": mode, "error": str(e)}
 
 
 def _speedups(blocks) -> dict:
@@ -368,11 +387,12 @@ def main() -> None:
     r = sub.add_parser("run")
     r.add_argument("--out", required=True)
     r.add_argument("--budget-s", type=float, default=480)
-    r.add_argument("--modes", default="eager,cutetune_eager,default,predicted")
+    r.add_argument("--modes", default="predicted,default,cutetune_eager,eager")
     r.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     r.add_argument("--phases", default="fwd,train")
     r.add_argument("--max-autotune", type=int, default=8)
-    r.add_argument("--skip-gemms", action="store_true")
+    r.add_argument("--gemms-s", type=float, default=150,
+                   help="seconds of the budget kept for the GEMMs (0: none)")
     args = ap.parse_args()
     if args.cmd == "run":
         return run(args)

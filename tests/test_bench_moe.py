@@ -22,7 +22,7 @@ def _grouped(a, b, offs):
 
 def test_the_block_compiles_once_for_every_token_count_and_matches_eager():
     torch.manual_seed(0)
-    module = bench.moe_block(torch, TINY, _grouped)().to(torch.bfloat16)
+    module = bench.moe_block(torch, TINY, _grouped, device="cpu")
     torch._dynamo.reset()
     step = bench.block_step(torch, module, "default", train=True)
     eager = bench.block_step(torch, module, "eager", train=True)
@@ -36,5 +36,5 @@ def test_the_block_compiles_once_for_every_token_count_and_matches_eager():
         torch.testing.assert_close(y, y_eager, atol=2e-2, rtol=2e-2)
         for got, ref in zip(grads, (p.grad for p in module.parameters())):
             torch.testing.assert_close(got, ref, atol=5e-2, rtol=5e-2)
-        assert bench.rel_err_fp32(torch, module, TINY, x, y) < 2e-2
+        assert bench.rel_err_fp32(torch, module, x, y) < 2e-2
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2  # fwd (+ a break)
