@@ -59,6 +59,8 @@ class CostModel:
     ``ranker`` orders configs; ``timer`` predicts log times (ms) and is the ranker itself
     when the ranker is a regression. ``fallback`` (optional) says when ATen (cuBLAS, or
     torch._grouped_mm for grouped GEMMs) is the safer bet. The boosters' kind is the model's.
+    ``timer_weight`` > 0 orders by the ranker's score plus that weight times the time model's
+    log time (``methods.blend_method``); the time model then scores every config.
     """
 
     arch: str
@@ -68,12 +70,25 @@ class CostModel:
     timer: BoosterModel
     fallback: CublasFallback | None = None
     metadata: dict = field(default_factory=dict)
+    timer_weight: float = 0.0
     _spaces: dict[str, ConfigTable] = field(default_factory=dict, repr=False)  # by family
 
     def __post_init__(self) -> None:
         if self.ranker.kind != self.timer.kind:
             raise ValueError(f"the ranker reads {self.ranker.kind} problems' features, the time "
                              f"model {self.timer.kind} ones'")
+        if not (np.isfinite(self.timer_weight) and self.timer_weight >= 0.0):
+            raise ValueError(f"timer weight must be finite and >= 0, got {self.timer_weight}")
+        if self.timer_weight and self.timer is self.ranker:
+            raise ValueError("a timer weight blends a ranking objective with the time model; "
+                             "this model's ranker is the time model")
+
+    @property
+    def ordering(self) -> str:
+        """What orders the configs: the ranker's objective, blended with the time model's."""
+        if not self.timer_weight:
+            return self.ranker.objective
+        return f"{self.ranker.objective}+{self.timer_weight:g}*regression"
 
     @property
     def kind(self) -> ProblemKind:
@@ -130,8 +145,14 @@ class CostModel:
         table, mask = self._table(problem, configs)
         X = table.features(problem, self.device, mask)
         score = self.ranker.predict(X)
+        if self.timer_weight:
+            all_log_ms = self.timer.predict(X)
+            score = score + self.timer_weight * all_log_ms
         order = np.argsort(score, kind="stable")[:top_k]
-        log_ms = score[order] if self.timer is self.ranker else self.timer.predict(X[order])
+        if self.timer is self.ranker:
+            log_ms = score[order]
+        else:
+            log_ms = all_log_ms[order] if self.timer_weight else self.timer.predict(X[order])
         rows = order if mask is None else np.flatnonzero(mask)[order]
         return list(zip(map(table.configs.__getitem__, rows.tolist()), score[order].tolist(),
                         np.exp(log_ms).tolist()))
@@ -167,6 +188,8 @@ class CostModel:
              "ranker": self.ranker.to_dict()}
         if self.timer is not self.ranker:
             d["timer"] = self.timer.to_dict()
+        if self.timer_weight:
+            d["timer_weight"] = self.timer_weight
         if self.fallback is not None:
             d["fallback"] = self.fallback.to_dict()
         return d
@@ -210,7 +233,8 @@ def load_model(path: str | os.PathLike | None = None, arch: str = "sm90",
         timer = BoosterModel.from_dict(d["timer"]) if "timer" in d else ranker
         fallback = CublasFallback.from_dict(d["fallback"]) if "fallback" in d else None
         device = device_for(d["device"])
-        model = CostModel(arch, dtype, device, ranker, timer, fallback, d.get("metadata", {}))
+        model = CostModel(arch, dtype, device, ranker, timer, fallback, d.get("metadata", {}),
+                          float(d.get("timer_weight", 0.0)))  # absent: no blend
     except Exception as e:  # noqa: BLE001  (checksummed, yet not what this cutetune writes)
         raise ModelError(f"cost model {path} is damaged: {type(e).__name__}: {e}") from None
     if model.kind.name != kind:

@@ -162,6 +162,8 @@ def baseline_methods(arch: str, seed: int = 0, n_estimators: int = 300,
 
 
 XGB_NAMES = {obj: "xgb_" + obj.removeprefix("rank:") for obj in OBJECTIVES}
+# A ranking objective's score plus a weight times the time model's log time (see blend_method).
+BLEND_NAMES = {obj: f"{XGB_NAMES[obj]}+regression" for obj in OBJECTIVES if obj != "regression"}
 
 
 def xgb_methods(objectives=OBJECTIVES, seed: int = 0, **params) -> list[Method]:
@@ -172,3 +174,23 @@ def xgb_methods(objectives=OBJECTIVES, seed: int = 0, **params) -> list[Method]:
     return [learned(XGB_NAMES[obj], f"XGBoost, {obj} objective",
                     lambda obj=obj: BoosterModel(objective=obj, seed=seed, **params))
             for obj in objectives]
+
+
+def blend_method(objective: str, weight: float, seed: int = 0, **params) -> Method:
+    """A ranking objective's score plus ``weight`` x the regression's predicted log time.
+
+    The ranker orders configs well where many were measured, the time model where few were
+    (it learns times, not orders within a problem); the sum takes both. Both scores are
+    per-config, so the blend ranks any candidate set the same way (no per-set scaling)."""
+    box = {}
+
+    def fit(data: Measurements, X: np.ndarray) -> None:
+        box["models"] = [BoosterModel(objective=obj, seed=seed, **params).fit(
+            X, data.time_ms, data.group) for obj in (objective, "regression")]
+
+    def score(data: Measurements, X: np.ndarray) -> np.ndarray:
+        ranker, timer = box["models"]
+        return ranker.predict(X) + weight * timer.predict(X)
+
+    return Method(BLEND_NAMES[objective], f"XGBoost, {objective} objective plus {weight:g} x "
+                  "the regression's log time", score, fit)

@@ -26,7 +26,7 @@ from cutetune.models.predict import predict
 from cutetune.models.evaluate import (group_kfold, leave_family_out, relevance, score_problems,
     summarize)
 from cutetune.models.fallback import CublasFallback
-from cutetune.models.features import dataset_features, problem_descriptors
+from cutetune.models.features import ConfigTable, dataset_features, problem_descriptors
 from cutetune.models.baselines import nvmmh_picks, quack_sm90_list
 from cutetune.models.learners import BoosterModel
 from cutetune.models.train import TrainOptions, train
@@ -140,6 +140,31 @@ def test_ranker_artifact_keeps_a_time_model(trained, tmp_path):
     with pytest.raises(ModelError, match="trained without cuBLAS"):
         loaded.prefers_cublas(p)
 
+
+
+def test_blended_artifact_orders_by_ranker_plus_weighted_time(trained, tmp_path):
+    """A timer weight orders by the ranker's score plus weight x the time model's log time,
+    survives the file, and is refused where there is no separate ranker to blend."""
+    data = load_measurements(trained[0])
+    X = dataset_features(data, device_for(data.device_name))
+    fit = lambda obj: BoosterModel(obj, n_estimators=20, max_depth=4).fit(  # noqa: E731
+        X, data.time_ms, data.group)
+    ranker, timer = fit("rank:pairwise"), fit("regression")
+    model = CostModel("sm90", "bf16", device_for("sm90"), ranker, timer, timer_weight=4.0)
+    loaded = load_model(model.save(tmp_path / "blend.json"))
+    assert loaded.timer_weight == 4.0 and loaded.ordering == "rank:pairwise+4*regression"
+    p = GemmProblem(512, 2048, 1024)
+    configs = enumerate_configs("sm90", p)[:200]
+    scored = loaded.scored(p, configs)
+    Xp = ConfigTable.of(configs).features(p, loaded.device)
+    expected = ranker.predict(Xp) + 4.0 * timer.predict(Xp)
+    np.testing.assert_allclose([s for _, s, _ in scored], np.sort(expected), rtol=1e-6)
+    np.testing.assert_allclose(np.log([ms for _, _, ms in scored]),
+                               loaded.predict_log_time(p, [c for c, _, _ in scored]), rtol=1e-6)
+    assert scored != load_model(CostModel("sm90", "bf16", device_for("sm90"), ranker, timer)
+                                .save(tmp_path / "plain.json")).scored(p, configs)
+    with pytest.raises(ValueError, match="ranker is the time model"):
+        CostModel("sm90", "bf16", device_for("sm90"), timer, timer, timer_weight=1.0)
 
 def _write(tmp_path, name, d):
     f = tmp_path / name

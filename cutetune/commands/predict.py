@@ -51,7 +51,7 @@ def _run(args: argparse.Namespace) -> int:
     base = kind.baseline_backend
     if args.json:
         print(json.dumps({
-            "problem": problem.to_dict(), "ordered_by": model.ranker.objective,
+            "problem": problem.to_dict(), "ordered_by": model.ordering,
             "ranked": [{"rank": i + 1, "config": c.to_dict(), "config_key": c.short(),
                         "score": score, "predicted_ms": ms}
                        for i, (c, score, ms) in enumerate(ranked)],
@@ -64,7 +64,7 @@ def _run(args: argparse.Namespace) -> int:
     if one_model:
         print(f"ordered by predicted time ({model.ranker.objective} model)")
     else:
-        print(f"ranked by the {model.ranker.objective} model's score (lower is better); est. ms "
+        print(f"ranked by the {model.ordering} model's score (lower is better); est. ms "
               f"is the time model's (it may order near ties differently)")
     print(f"{'rank':>4}  {'config':<32} {'score':>8} {'est. ms':>10} {'TFLOP/s':>8}")
     for i, (c, score, ms) in enumerate(ranked):

@@ -13,7 +13,7 @@ from ..models.artifact import CostModel
 from ..models.data import dataset_sha256, load_measurements
 from ..models.dataset import DatasetError
 from ..models.kinds import KINDS
-from ..models.train import Evaluation, TrainOptions, train
+from ..models.train import KIND_DEFAULTS, Evaluation, TrainOptions, train
 
 
 def run(dataset: str | os.PathLike, out: str | os.PathLike, report_dir: str | os.PathLike | None,
@@ -68,19 +68,30 @@ def add_arguments(p: argparse.ArgumentParser, dataset: str | None = None, out: s
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline methods")
     p.add_argument("--no-family-out", action="store_true",
                    help="skip the leave-one-family-out evaluation")
-    p.add_argument("--fallback-quantile", type=float, default=d.fallback_quantile)
+    p.add_argument("--fallback-quantile", type=float, default=d.fallback_quantile,
+                   help="quantile of the ATen fallback (default: the kind's, "
+                        + ", ".join(f"{k} {v.fallback_quantile:g}" for k, v in KIND_DEFAULTS.items())
+                        + ")")
+    p.add_argument("--timer-weight", type=float, default=d.timer_weight,
+                   help="add this times the time model's log time to a ranking objective's "
+                        "score, a blend tried beside each ranker (0: none; default: the kind's, "
+                        + ", ".join(f"{k} {v.timer_weight:g}" for k, v in KIND_DEFAULTS.items())
+                        + ")")
     p.add_argument("--threads", type=int, default=d.threads, help="threads per model fit")
 
 
 def options_from(args: argparse.Namespace) -> TrainOptions:
     objectives = tuple(dict.fromkeys(["regression"] + [o.strip() for o in args.objectives.split(",")
                                                        if o.strip()]))
-    if not 0.0 < args.fallback_quantile < 1.0:
+    if args.fallback_quantile is not None and not 0.0 < args.fallback_quantile < 1.0:
         raise ValueError(f"--fallback-quantile must be in (0, 1), got {args.fallback_quantile}")
+    if args.timer_weight is not None and not args.timer_weight >= 0.0:
+        raise ValueError(f"--timer-weight must be >= 0, got {args.timer_weight}")
     return TrainOptions(folds=args.folds, seed=args.seed, n_estimators=args.trees,
                         max_depth=args.depth, objectives=objectives,
                         baselines=not args.no_baselines, family_out=not args.no_family_out,
-                        fallback_quantile=args.fallback_quantile, threads=args.threads)
+                        fallback_quantile=args.fallback_quantile,
+                        timer_weight=args.timer_weight, threads=args.threads)
 
 
 def register(subparsers) -> None:

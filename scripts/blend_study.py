@@ -1,0 +1,86 @@
+"""How the ranker's blend with the time model and the fallback quantile fare over several CV
+splits and seeds: the evidence behind a kind's defaults (``models.train.KIND_DEFAULTS``).
+
+For each (split seed, model seed): out-of-fold scores of the pairwise ranker and the
+regression, problem-grouped K-fold; then for each timer weight the blend's held-out top-1
+geomean and P10, and for each fallback quantile predicted mode's geomean and worst problem
+against the ATen baseline (the fallback fit as `cutetune train` fits it, on the same folds).
+
+    python scripts/blend_study.py [--data data/inputs/h200_bf16_grouped] [--kind grouped]
+        [--seeds 0:0 0:1 1:0 2:2] [--weights 0 2 4 8] [--quantiles 0.75 0.9 0.95] --out FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from cutetune.models.crossval import held_out_scores
+from cutetune.models.data import load_measurements
+from cutetune.models.evaluate import group_kfold, score_problems, summarize
+from cutetune.models.fallback import CublasFallback, fallback_inputs, outcome
+from cutetune.models.features import dataset_features, problem_descriptors
+from cutetune.models.learners import BoosterModel
+from cutetune.models.methods import xgb_methods
+from cutetune.space.device import device_for
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default="data/inputs/h200_bf16_grouped")
+    ap.add_argument("--kind", default="grouped")
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--seeds", nargs="+", default=["0:0", "0:1", "1:0", "2:2"],
+                    help="SPLIT_SEED:MODEL_SEED pairs")
+    ap.add_argument("--weights", nargs="+", type=float, default=[0.0, 2.0, 4.0, 8.0])
+    ap.add_argument("--quantiles", nargs="+", type=float, default=[0.75, 0.9, 0.95])
+    ap.add_argument("--out", required=True, help="JSON result path")
+    args = ap.parse_args(argv)
+
+    data = load_measurements(args.data, args.kind)
+    device = device_for(data.device_name)
+    X = dataset_features(data, device)
+    desc = problem_descriptors(data.problems, device, data.kind)
+    params = {"n_estimators": BoosterModel.n_estimators, "max_depth": BoosterModel.max_depth,
+              "kind": data.kind.name}
+    runs = []
+    for pair in args.seeds:
+        split_seed, seed = map(int, pair.split(":"))
+        splits = group_kfold(data.n_problems, args.folds, split_seed)
+        ranker, timer = (held_out_scores(data, X, m, splits, seed).row_scores for m in
+                         xgb_methods(("rank:pairwise", "regression"), seed, **params))
+        for w in args.weights:
+            ps = score_problems(data.time_ms, ranker + w * timer, data.group, data.m,
+                                data.cublas_ms, seed=seed)
+            s = summarize(ps)
+            run = {"split_seed": split_seed, "seed": seed, "timer_weight": w,
+                   "top1_geomean": s["top1_geomean"], "top1_p10": s["top1_p10"],
+                   "top1_min": s["top1_min"], "fallback": []}
+            Xf = fallback_inputs(desc, timer[ps.top1_row])
+            log_ratio = np.log(ps.top1_ms / data.cublas_ms)
+            for q in args.quantiles:
+                pred = np.full(data.n_problems, np.nan)
+                for train, test in splits:
+                    ok = train[np.isfinite(log_ratio[train])]
+                    pred[test] = CublasFallback(q, seed=seed).fit(
+                        Xf[ok], log_ratio[ok]).predict(Xf[test])
+                o = outcome(q, pred, log_ratio)
+                run["fallback"].append({"quantile": q, "fallback_rate": o.fallback_rate,
+                                        "speedup_vs_aten": o.speedup_vs_cublas,
+                                        "worst_vs_aten": o.worst_vs_cublas})
+            runs.append(run)
+            fb = "  ".join(f"q{f['quantile']:g}: {f['speedup_vs_aten']:.3f}x worst "
+                           f"{f['worst_vs_aten']:.3f}" for f in run["fallback"])
+            print(f"split {split_seed} seed {seed} weight {w:g}: top-1 {run['top1_geomean']:.4f}"
+                  f" P10 {run['top1_p10']:.3f} | {fb}", flush=True)
+    with open(args.out, "w") as f:
+        json.dump({"data": args.data, "kind": args.kind, "folds": args.folds, "runs": runs},
+                  f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
