@@ -15,7 +15,9 @@ default, else none (``swiglu.fusion_config`` asks it before its rule). And a Tri
 (``--triton-sweep``): the Inductor Triton mm config that predicted mode gives, without
 benchmarking, to a host-bound and memory-bound mm, which cutetune leaves to Inductor, and the
 launch costs (``--triton-retimed``, ``--triton-steps``) that say which of a graph's such mm
-should take them (``models/triton_mm.py``).
+should take them (``models/triton_mm.py``). And the GPU times of ATen, Triton and quack
+configs timed together per problem (``--triton-retimed``, ``models/gpu_times.py``): what
+decides a GEMM under CUDA graphs.
 
 ``cutetune emit --model PATH --out FILE`` writes it; ``Heuristics.load`` reads it.
 """
@@ -31,6 +33,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
+from . import gpu_times as gt
+from .gpu_times import GpuTimed
 from .triton_mm import TritonTable
 from ..artifacts import read_artifact, sealed_json, write_atomic
 from ..errors import ArtifactError
@@ -126,11 +130,13 @@ class Heuristics:
                  configs: tuple[KernelConfig, ...], cells: list[Entry | None],
                  exact: dict[str, Entry], meta: dict | None = None, digest: str = "",
                  triton: TritonTable | None = None,
-                 swiglu: dict[str, int | None] | None = None) -> None:
+                 swiglu: dict[str, int | None] | None = None,
+                 gpu_times: dict[str, GpuTimed] | None = None) -> None:
         self.arch, self.dtype, self.top_k, self.grid = arch, dtype, top_k, grid
         self.configs, self.cells, self.exact = configs, cells, exact
         self.meta = meta or {}
         self.triton = triton
+        self.gpu_times = gpu_times or {}  # problem key -> its candidates' GPU times
         self.swiglu = swiglu or {}  # problem key -> index of its fused config, or None
         self.digest = digest or _digest(json.dumps(self.to_json(), sort_keys=True).encode())
         self._locate = [_Locator(v) for v in (grid.batch, grid.m, grid.n, grid.k)]
@@ -168,6 +174,13 @@ class Heuristics:
             return None
         return self.triton.config(problem, measured_only)
 
+    def gpu_fastest(self, problem: GemmProblem) -> tuple[str, object] | None:
+        """``GpuTimed.fastest`` of ``problem`` where its candidates were timed together,
+        else None."""
+        self._check(problem)
+        timed = self.gpu_times.get(problem.key())
+        return None if timed is None else timed.fastest()
+
     def triton_problems(self, gemms: list[tuple[GemmProblem, dict[str, int]]]
                         ) -> frozenset[GemmProblem]:
         """Which of one graph's host-bound mm problems (each with its ``triton_config``) take
@@ -199,6 +212,9 @@ class Heuristics:
             "exact": {k: enc(e) for k, e in sorted(self.exact.items())}, "meta": self.meta,
             **({"triton_mm": self.triton.to_json()} if self.triton is not None else {}),
             **({"swiglu": dict(sorted(self.swiglu.items()))} if self.swiglu else {}),
+            **({"gpu_times": {k: gt.to_json(t, self.configs.index)
+                              for k, t in sorted(self.gpu_times.items())}}
+               if self.gpu_times else {}),
         }
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -264,8 +280,9 @@ class Heuristics:
         if any(v is not None and (not isinstance(v, int) or not 0 <= v < n_cfg)
                for v in swiglu.values()):
             raise HeuristicsError("bad SwiGLU entry: not a config index or null")
+        gpu = {str(k): gt.from_json(v, configs) for k, v in d.get("gpu_times", {}).items()}
         return cls(arch, dtype, top_k, grid, configs, cells, exact, d.get("meta"),
-                   digest, triton, swiglu)
+                   digest, triton, swiglu, gpu)
 
 
 def _config(i: int, values: list, arch: str) -> KernelConfig:
@@ -318,6 +335,9 @@ class PackagedHeuristics:
                       ) -> dict[str, int] | None:
         return self._file(problem).triton_config(problem, measured_only)
 
+    def gpu_fastest(self, problem: GemmProblem) -> tuple[str, object] | None:
+        return self._file(problem).gpu_fastest(problem)
+
     def triton_problems(self, gemms: list[tuple[GemmProblem, dict[str, int]]]
                         ) -> frozenset[GemmProblem]:
         """Each (arch, dtype)'s GEMMs weighed by its own file's launch costs."""
@@ -358,11 +378,13 @@ def build(model, arch: str, dtype: str, top_k: int = FILE_TOP_K, grid: Grid = Gr
           progress: Callable[[int], None] | None = None,
           measured: Mapping[str, Pick] | None = None,
           triton: TritonTable | None = None,
-          swiglu: Mapping[str, KernelConfig | None] | None = None) -> Heuristics:
+          swiglu: Mapping[str, KernelConfig | None] | None = None,
+          gpu_times: Mapping[GemmProblem, GpuTimed] | None = None) -> Heuristics:
     """Freeze ``model``'s picks for every grid cell and for each of ``problems`` on
     (arch, dtype) into a Heuristics table; a problem in ``measured`` (by key) gets that pick
     instead of the model's (see ``measured_picks``). ``triton`` rides along as it is, and
-    ``swiglu`` (problem key -> fused config or None, ``swiglu.measured_fusions``) too.
+    ``swiglu`` (problem key -> fused config or None, ``swiglu.measured_fusions``) and
+    ``gpu_times`` (those on (arch, dtype)) too.
     ``progress(1)`` (a bar's ``update``) follows each of the ``grid.size`` cells, then each
     problem."""
     source = ModelHeuristics(model, top_k)
@@ -385,9 +407,13 @@ def build(model, arch: str, dtype: str, top_k: int = FILE_TOP_K, grid: Grid = Gr
         step(1)
     fused = {k: None if c is None else index.setdefault(c, len(index))
              for k, c in (swiglu or {}).items()}
+    gpu = {p.key(): t for p, t in (gpu_times or {}).items() if (p.arch, p.dtype) == (arch, dtype)}
+    for t in gpu.values():
+        if t.quack is not None:
+            index.setdefault(t.quack[0], len(index))
     configs = tuple(sorted(index, key=index.__getitem__))
     return Heuristics(arch, dtype, top_k, grid, configs, cells, exact, meta, triton=triton,
-                      swiglu=fused)
+                      swiglu=fused, gpu_times=gpu)
 
 
 # A recorded problem keeps ATen unless its best measured config beat the measured cuBLAS time

@@ -44,6 +44,8 @@ from ..space.problem import GemmProblem
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_stages", "num_warps")
 ConfigKey = tuple[int, ...]  # values of CONFIG_KEYS, in that order
 PROBLEM_FIELDS = tuple(f.name for f in fields(GemmProblem))
+# a retimed variant that timed a quack config carries it under this key (``models.gpu_times``)
+QUACK_CONFIG = "quack_config"
 # N up to this is "narrow": even 32-wide tiles give at most 64 columns, half an H100/H200's SMs.
 NARROW_N = 2048
 # The largest M whose step times say how fast the host issues launches: the Triton table serves
@@ -234,8 +236,8 @@ class RetimedShape:
 
 def load_retimed(path: str | os.PathLike) -> list[RetimedShape]:
     """Each Triton config timed beside ATen in a retime file (JSON lines), one RetimedShape
-    apiece; rows that recorded an error, or timed no ATen, are skipped, and so are configs
-    without a time (not finite and positive: a failed run). ValueError names the file and
+    apiece (quack configs timed beside them are ``models.gpu_times``'); rows that recorded an
+    error, or timed no ATen, are skipped, and so are configs without a time (not finite and positive: a failed run). ValueError names the file and
     line of a corrupt row."""
     def parse(row: dict) -> list[RetimedShape] | None:
         timed = row.get("timed", {})
@@ -248,7 +250,8 @@ def load_retimed(path: str | os.PathLike) -> list[RetimedShape]:
                               device_for(str(row["device"])).arch)
         return [RetimedShape(problem, config_key(t["config"]), aten_ms * 1e3,
                              float(t["ms"]) * 1e3, name)
-                for name, t in timed.items() if name != "aten" and _timed(float(t["ms"]))
+                for name, t in timed.items()
+                if name != "aten" and QUACK_CONFIG not in t and _timed(float(t["ms"]))
                 ] or None
 
     return [r for rows in _read_rows(path, "retime", parse) for r in rows]

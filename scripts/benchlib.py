@@ -79,7 +79,7 @@ def time_calls(torch, fn, x, repeats: int, warmup_s: float = WARMUP_S) -> dict:
     after ``warmup_s`` of calls: the median, with p20 and p80 as the spread; ``host`` is the
     median time to issue one call (well under the median: GPU-bound; near it: host-bound, or
     the launch queue is full); ``cpu`` what the threads of this process and the whole machine
-    ran meanwhile (``cpu_during``)."""
+    ran meanwhile (``cpu_during``); ``batches`` each batch's ms per call."""
     t0, calls = time.perf_counter(), 0
     while calls < 3 or time.perf_counter() - t0 < warmup_s:
         fn(x)
@@ -105,7 +105,8 @@ def time_calls(torch, fn, x, repeats: int, warmup_s: float = WARMUP_S) -> dict:
         times.append(start.elapsed_time(end) / iters)
     median, p20, p80 = np.quantile(times, (0.5, 0.2, 0.8))
     return {"median": float(median), "p20": float(p20), "p80": float(p80),
-            "host": float(np.median(host)), "cpu": cpu_during(cpu_before, cpu_sample())}
+            "host": float(np.median(host)), "cpu": cpu_during(cpu_before, cpu_sample()),
+            "batches": times}
 
 
 def cpu_sample() -> dict | None:
@@ -214,14 +215,19 @@ def mode_installation(mode: str, heldout_model: str | None):
     return enable(mode) if mode in ("predicted", "reduced") else contextlib.nullcontext()
 
 
-def compiled_step(module, mode: str):
+def compiled_step(module, mode: str, cuda_graphs: bool = False):
     """The mode's ``torch.compile`` of ``module``'s own step (max-autotune: ATen and Triton
-    GEMM backends, as in bench_e2e.py)."""
+    GEMM backends, as in bench_e2e.py). ``cuda_graphs``: as torch.compile's
+    mode="reduce-overhead" (``triton.cudagraphs``), and max-autotune as its mode="max-autotune",
+    which also tunes the pointwise kernels (``coordinate_descent_tuning``)."""
     import torch
 
     options = ({"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
-               if mode == "max-autotune" else None)
-    return torch.compile(fresh_step(module), options=options)
+               if mode == "max-autotune" else {})
+    if cuda_graphs:
+        options = {**options, "triton.cudagraphs": True, **(
+            {"coordinate_descent_tuning": True} if mode == "max-autotune" else {})}
+    return torch.compile(fresh_step(module), options=options or None)
 
 
 def interleaved(torch, fns: dict, x, rounds: int) -> dict:

@@ -17,6 +17,16 @@ mode's own path (a table forced to that config) and the generated code is checke
   python scripts/triton_mm_retime.py --sweep data/inputs/triton_mm/h200_bf16.jsonl.gz \\
       --out data/bench/triton_mm/h200_bf16_retimed.jsonl [--top 1] [--budget-s 400]
 
+With --family (a model family of the sweep, benchlib.FAMILIES) and --ms, every swept shape of
+that family at those M is retimed, host-bound or not: under CUDA graphs every GEMM is decided
+by GPU time (models/gpu_times.py). --quack-top K times the packaged heuristics' K best quack
+configs for the shape in the same rounds (launched as compiled code launches them), so that
+ATen, Triton and quack are compared on one set of timings:
+
+  python scripts/triton_mm_retime.py --sweep data/inputs/triton_mm/h200_bf16.jsonl.gz \\
+      --family llama3_8b --ms 1 4 16 64 128 256 --top 4 --quack-top 3 \\
+      --out data/inputs/triton_mm/h200_bf16_retimed_graphs.jsonl
+
 Rows are appended one shape at a time; shapes already in --out are skipped (resumable).
 """
 
@@ -34,6 +44,7 @@ from cutetune.models.triton_mm import (CONFIG_KEYS, SweepShape, TritonTable, con
 from cutetune.space.problem import GemmProblem
 from cutetune.models.heuristics import predicted_triton_shapes
 from cutetune.models.triton_sweep import append_row, shapes_in
+from cutetune.models.triton_mm import QUACK_CONFIG
 
 
 def candidates(shape: SweepShape, picks: dict, top: int = 1) -> dict[str, dict[str, int]]:
@@ -90,10 +101,25 @@ def compile_triton_mm(config: dict[str, int], a, b):
     return lambda x, y, d: compiled(x, y)
 
 
+def quack_candidates(problem: GemmProblem, top: int) -> dict:
+    """The packaged heuristics' ``top`` best quack configs valid for ``problem``, as
+    "quack_1", "quack_2", ... (none where ``top`` is 0)."""
+    from cutetune.models.heuristics import PackagedHeuristics
+    from cutetune.space.rules import is_valid
+
+    if top <= 0:
+        return {}
+    configs = [c for c in PackagedHeuristics().lookup(problem)[0]
+               if is_valid(c, problem.arch, problem)]
+    return {f"quack_{i}": c for i, c in enumerate(configs[:top], 1)}
+
+
 def retime_shape(shape: SweepShape, configs: dict[str, dict[str, int]], rounds: int,
-                 l2_bytes: int) -> dict:
+                 l2_bytes: int, quack_top: int = 0) -> dict:
     import torch
 
+    from cutetune.tuner.kernels.launcher import quack_mm_out
+    from cutetune.tuner.kernels.problems import config_tuple
     from cutetune.tuner.measure.timing import ProblemBuffers, TimingPolicy, time_launches
 
     problem = GemmProblem(shape.m, shape.n, shape.k, a_major=shape.majors[0],
@@ -108,6 +134,10 @@ def retime_shape(shape: SweepShape, configs: dict[str, dict[str, int]], rounds: 
         except Exception as e:  # noqa: BLE001  (recorded; the other variants are still timed)
             errors[name] = f"{type(e).__name__}: {e}"[:500]
         compile_s[name] = time.perf_counter() - t0
+    quack = quack_candidates(problem, quack_top)
+    for name, c in quack.items():
+        variants[name] = (lambda fields: lambda a, b, d: quack_mm_out(a, b, d, fields))(
+            config_tuple(c))
     policy = TimingPolicy(warmup=3, min_reps=10, max_reps=30, target_ms=2.0)
     times = {name: [] for name in variants}
     rel_err = dict.fromkeys(variants, 0.0)
@@ -121,7 +151,8 @@ def retime_shape(shape: SweepShape, configs: dict[str, dict[str, int]], rounds: 
                     "p80_ms": float(np.quantile(t, 0.8)), "reps": len(t),
                     "rel_err": rel_err[name],
                     **({"config": configs[name], "compile_s": compile_s[name]}
-                       if name in configs else {})}
+                       if name in configs else {}),
+                    **({QUACK_CONFIG: quack[name].to_dict()} if name in quack else {})}
              for name, t in times.items()}
     return {"m": shape.m, "n": shape.n, "k": shape.k, "majors": shape.majors,
             "dtype": shape.dtype, "device": torch.cuda.get_device_name(),
@@ -143,6 +174,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--top", type=int, default=1,
                     help="time the sweep's this many fastest configs beside the pick")
+    ap.add_argument("--family", help="retime every swept shape of this model family at --ms "
+                    "(benchlib.FAMILIES), host-bound or not")
+    ap.add_argument("--ms", type=int, nargs="+", help="with --family: the M values")
+    ap.add_argument("--quack-top", type=int, default=0,
+                    help="time the heuristics' this many best quack configs beside")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no new shape after this many seconds")
     args = ap.parse_args()
@@ -150,9 +186,14 @@ def main() -> int:
     import torch
     from torch._inductor import config as inductor_config
 
-    shapes = predicted_triton_shapes([s for p in args.sweep for s in load_sweep(p)],
-                                     args.arch, args.dtype)
+    swept = [s for p in args.sweep for s in load_sweep(p)]
+    shapes = predicted_triton_shapes(swept, args.arch, args.dtype)
     picks = TritonTable.from_sweep(shapes).picks
+    if args.family:
+        from benchlib import family_of
+
+        shapes = [s for s in swept if family_of(s.n, s.k) == args.family
+                  and (not args.ms or s.m in args.ms) and s.dtype == args.dtype]
     done = shapes_in(args.out)
     todo = [s for s in shapes if (s.m, s.n, s.k, s.majors) not in done]
     print(f"{len(done)} shapes already in {args.out}, {len(todo)} to time", flush=True)
@@ -165,7 +206,8 @@ def main() -> int:
                 print("budget spent; re-run to resume", flush=True)
                 break
             try:
-                row = retime_shape(s, candidates(s, picks, args.top), args.rounds, l2)
+                row = retime_shape(s, candidates(s, picks, args.top), args.rounds, l2,
+                                   args.quack_top)
             except Exception as e:  # noqa: BLE001  (recorded, the run goes on)
                 row = {"m": s.m, "n": s.n, "k": s.k, "majors": s.majors,
                        "error": f"{type(e).__name__}: {e}"[:1000]}

@@ -80,6 +80,15 @@ def _triton_table(args) -> TritonTable:
     return TritonTable.from_sweep(shapes, costs)
 
 
+def _gpu_times(args) -> dict:
+    """Per problem on (arch, dtype) of the ``--triton-retimed`` files, its candidates' GPU
+    times (``models.gpu_times``); a problem retimed in several files takes the last file's."""
+    from ..models.gpu_times import retimed_gpu_times
+
+    return {p: t for p, t in _read_each(args.triton_retimed, retimed_gpu_times, "Triton retime")
+            if (p.arch, p.dtype) == (args.arch, args.dtype)}
+
+
 def _swiglu_table(args) -> dict[str, KernelConfig | None]:
     """``swiglu.measured_fusions`` of the ``--swiglu-bench`` files on (arch, dtype); a problem
     in several files takes the last file's."""
@@ -105,6 +114,7 @@ def _cmd_emit(args) -> int:
                                     args.exact_margin) if args.dataset else ([], {}))
     triton = _triton_table(args) if args.triton_sweep else None
     swiglu = _swiglu_table(args)
+    gpu_times = _gpu_times(args)
     meta = {"model": str(args.model), "model_digest": _digest(Path(args.model).read_bytes())
             if Path(args.model).is_file() else None,
             "dataset": args.dataset, "exact_margin": args.exact_margin,
@@ -114,7 +124,8 @@ def _cmd_emit(args) -> int:
     t0 = time.perf_counter()
     with progress.bar(grid.size + len(problems), "emit", unit="entry") as bar:
         h = build(model, args.arch, args.dtype, args.top_k, grid, problems, meta,
-                  progress=bar.update, measured=measured, triton=triton, swiglu=swiglu)
+                  progress=bar.update, measured=measured, triton=triton, swiglu=swiglu,
+                  gpu_times=gpu_times)
     path = h.save(args.out)
     quack = sum(not aten for aten, _ in h.exact.values())
     print(f"wrote {path}: {grid.size} grid cells, {len(h.exact)} recorded problems "
@@ -124,6 +135,10 @@ def _cmd_emit(args) -> int:
     if swiglu:
         print(f"SwiGLU: {len(swiglu)} up projections measured, "
               f"{sum(c is not None for c in swiglu.values())} fused")
+    if gpu_times:
+        kinds = [t.fastest()[0] for t in gpu_times.values()]
+        print(f"GPU times: {len(gpu_times)} problems, fastest on "
+              + ", ".join(f"{k} {kinds.count(k)}" for k in ("aten", "triton", "quack")))
     if triton is not None:
         print(f"Triton table: {len(triton.picks)} picks, M buckets "
               f"{sorted({b for _, b, _ in triton.picks})}, "
@@ -181,7 +196,8 @@ def register(subparsers) -> None:
     p.add_argument("--triton-retimed", nargs="+", metavar="JSONL",
                    help="L2-cold GPU times of ATen and Triton configs "
                    "(scripts/triton_mm_retime.py); a problem retimed in several files takes "
-                   "the last file's times. A retimed problem gets its fastest config")
+                   "the last file's times. A retimed problem gets its fastest config, and "
+                   "under CUDA graphs its fastest candidate (ATen, Triton or quack config)")
     p.add_argument("--triton-steps", nargs="+", metavar="JSON",
                    help="step benchmarks (scripts/step_ab.py --report) whose host times per "
                    "launch, with --triton-retimed, decide which of a graph's mm take their "

@@ -37,6 +37,12 @@ node's pointwise epilogue, but on the GPU it mostly runs longer than cuBLAS
 (data/inputs/triton_mm/h200_bf16_retimed_top4.jsonl), and on compute-bound GEMMs much longer
 (data/bench/step_h200_hostbound.json).
 
+Under CUDA graphs (Inductor's cudagraphs, i.e. mode="reduce-overhead", or a capture in
+progress) a replay launches nothing from the host: both modes then decide by GPU time alone,
+with no host-bound rule and no weighing of a graph's Triton launches. A GEMM whose ATen, Triton
+and quack candidates the heuristics' retime timed together (``models/gpu_times.py``) gets the
+fastest of them, alone; another gets the heuristics' quack or ATen answer as above.
+
 Both modes also install a post-grad pass (``passes.py``) that runs a SwiGLU MLP's
 ``silu(gate) * (x @ W_up)`` as one quack GEMM with the product in its epilogue
 (``swiglu.py``), where the up projection is not host-bound and the heuristics say so: Inductor

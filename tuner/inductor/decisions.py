@@ -18,7 +18,7 @@ from ...models.heuristics import HeuristicsError
 from ...space.device import device_for
 from ...space.features import ceiling_times_s
 from ...space.problem import DTYPE_BYTES
-from ...models.triton_mm import QUACK_LAUNCH_HOST_US, host_bound
+from ...models.triton_mm import CONFIG_KEYS, QUACK_LAUNCH_HOST_US, host_bound
 from ..kernels import launcher
 from ..kernels.problems import graph_gemms
 
@@ -77,15 +77,39 @@ def triton_takers(graph: torch.fx.Graph, arch: str | None, heuristics) -> tuple[
         list[tuple[GemmProblem, dict[str, int]]], frozenset[GemmProblem] | None]:
     """A graph's ``triton_candidates`` and which of their problems take the Triton config,
     weighed together (the heuristics' ``triton_problems``; none where it raises, None where
-    the heuristics cannot weigh)."""
-    gemms = triton_candidates(graph_gemms(graph, arch), heuristics, host_bound_us())
+    the heuristics cannot weigh, or under CUDA graphs, where each takes its own)."""
+    limit = host_bound_us()
+    gemms = triton_candidates(graph_gemms(graph, arch), heuristics, limit)
     weigh = getattr(heuristics, "triton_problems", None)
-    if weigh is None:
+    if weigh is None or limit <= 0:  # under CUDA graphs: GPU time alone, nothing to weigh
         return gemms, None
     try:
         return gemms, frozenset(weigh(gemms))
     except HeuristicsError:
         return gemms, frozenset()
+
+
+def gpu_time_decision(problem: GemmProblem, heuristics) -> NodeDecision | None:
+    """By GPU time alone, for a problem whose candidates the heuristics' retime timed together
+    (``models.gpu_times``): the one that ran it fastest, alone in either mode (Inductor's
+    benchmark, L2-warm and brief, cannot improve on an L2-cold retime); None for another
+    problem."""
+    fastest = getattr(heuristics, "gpu_fastest", None)
+    try:
+        pick = None if fastest is None else fastest(problem)
+    except HeuristicsError:
+        return None
+    if pick is None:
+        return None
+    kind, config = pick
+    if kind == "quack" and not is_valid(config, problem.arch, problem):
+        return None  # a stale file must not hand quack a config it rejects
+    if kind == "quack":
+        return NodeDecision((config,), False, "GPU-timed fastest: quack")
+    if kind == "triton":
+        return NodeDecision((), True, "GPU-timed fastest: Triton", leave=True,
+                            triton_config=tuple(sorted(zip(CONFIG_KEYS, config))))
+    return NodeDecision((), True, "GPU-timed fastest: ATen")
 
 
 def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: int,
@@ -98,9 +122,14 @@ def decide(problem: GemmProblem | ProblemError, mode: str, heuristics, top_k: in
     reduced mode the config their retime measured fastest for it where there is one (timed
     L2-cold beside the alternatives, which Inductor's benchmark, L2-warm and brief, cannot
     improve on), else Inductor's Triton templates benchmarked; either unless its graph keeps
-    them on ATen (``CuteTuneChoices.graph_triton``)."""
+    them on ATen (``CuteTuneChoices.graph_triton``). With no host cost (``host_bound_us``
+    0: under CUDA graphs) a problem whose candidates were timed together takes the fastest
+    (``gpu_time_decision``)."""
     if isinstance(problem, ProblemError):
         return NodeDecision((), True, f"unsupported: {problem}", leave=True)
+    timed = gpu_time_decision(problem, heuristics) if host_bound_us <= 0 else None
+    if timed is not None:
+        return timed
     bound = host_bound(problem, host_bound_us)
     if bound is not None:  # Inductor's own candidates: ATen, or under max-autotune also its
         # Triton templates, whose launches cost less host time than ATen's
@@ -143,10 +172,17 @@ def by_m_table(problem_at, heuristics, host_bound_us: float
     return launcher.m_ranges(pick)
 
 
+def under_cuda_graphs() -> bool:
+    """Whether the graph being compiled will replay in a CUDA graph, which launches no kernel
+    from the host: Inductor's cudagraphs (mode="reduce-overhead"), or a capture in progress
+    (a first call compiled inside ``torch.cuda.graph``)."""
+    return bool(inductor_config.triton.cudagraphs) or (
+        torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
 def host_bound_us() -> float:
-    """``decide``'s host-bound limit for the graph being compiled: none under CUDA graphs
-    (mode="reduce-overhead"), whose replay launches no kernel from the host."""
-    return 0.0 if inductor_config.triton.cudagraphs else QUACK_LAUNCH_HOST_US
+    """``decide``'s host-bound limit for the graph being compiled: none under CUDA graphs."""
+    return 0.0 if under_cuda_graphs() else QUACK_LAUNCH_HOST_US
 
 
 # Fuse an unmeasured up projection only where the pointwise kernel's traffic, at the device's
@@ -204,8 +240,13 @@ def decide_swiglu(problem: GemmProblem, heuristics, host_bound_us: float,
     GEMM and a pointwise launch of its own instead of Inductor's fused pointwise kernel: there
     a host-bound rung fuses with the heuristics' config, whatever the saved traffic (at M=16
     unfused, the dynamic MLP stepped 1.21x the default's:
-    data/bench/step_dynamic_h200_extern.json)."""
+    data/bench/step_dynamic_h200_extern.json). Under CUDA graphs (``host_bound_us`` 0) an up
+    projection that ran fastest in a Triton template stays unfused: the template takes the
+    pointwise product as its epilogue."""
     try:
+        timed = gpu_time_decision(problem, heuristics) if host_bound_us <= 0 else None
+        if timed is not None and timed.triton_config:
+            return None
         if host_bound(problem, host_bound_us) is None:
             return fusion_config(problem, heuristics)
         return fusion_config(problem, heuristics,
