@@ -63,7 +63,7 @@ def gemms(args) -> dict:
     policy = TimingPolicy(warmup=3, min_reps=10, max_reps=50, target_ms=20.0)
     pick, rows, autotuned = picker().pick, [], 0
     deadline = time.time() + args.budget_s
-    for model in MODELS:
+    for model in args.models.split(","):
         layer = MOE_MODELS[model]
         for tokens in TOKENS:
             for proj, (n, k) in expert_projections(layer).items():
@@ -121,6 +121,8 @@ def _geomean(x) -> float:
 def _max_autotune(torch, buf, policy) -> dict:
     """Inductor's max-autotune choice for one grouped GEMM of the buffers' layout: compiled
     alone, its compile (and autotune) seconds, then timed as the others are."""
+    from cutetune.tuner.measure.timing import time_launches
+
     torch._dynamo.reset()
     fn = torch.compile(lambda a, b, offs: torch._grouped_mm(a, b, offs=offs),
                        mode="max-autotune-no-cudagraphs", dynamic=False)
@@ -326,7 +328,8 @@ def run(args) -> None:
                    "speedups": _speedups(blocks)}, f, indent=1)
     left = start + args.budget_s - time.time()
     if args.gemms_s > 0 and left > 60:
-        gemm_args = argparse.Namespace(max_autotune=args.max_autotune, budget_s=left - 30)
+        gemm_args = argparse.Namespace(max_autotune=args.max_autotune, budget_s=left - 30,
+                                       models=",".join(MODELS))
         with open(os.path.join(args.out, "moe_gemms_h200.json"), "w") as f:
             json.dump({"command": " ".join(sys.argv), **gemms(gemm_args)}, f, indent=1)
 
@@ -377,6 +380,7 @@ def main() -> None:
     g.add_argument("--out", required=True)
     g.add_argument("--max-autotune", type=int, default=8)
     g.add_argument("--budget-s", type=float, default=300)
+    g.add_argument("--models", default=",".join(MODELS))
     b = sub.add_parser("block")
     b.add_argument("--model", choices=MODELS, required=True)
     b.add_argument("--mode", choices=MODES, required=True)

@@ -231,7 +231,9 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad):
     """The input gradient is a varlen-M GEMM with W's other major, the weight gradient a
-    varlen-K one: both grouped GEMMs of this op, each with its own pick."""
+    varlen-K one: both grouped GEMMs of this op, each with its own pick. The weight gradient
+    comes in the weight's layout: autograd would otherwise copy it into the parameter's
+    strides, a transpose of every expert's weights per step."""
     a, b, offs = ctx.saved_tensors
     if b.dim() != 3:
         raise NotImplementedError("cutetune.grouped_mm differentiates the 2D x 3D (varlen M) "
@@ -239,8 +241,9 @@ def _backward(ctx, grad):
     grad, grad_a, grad_b = grad.contiguous(), None, None  # sum()'s gradient is a broadcast
     if ctx.needs_input_grad[0]:
         grad_a = torch.ops.cutetune.grouped_mm(grad, b.mT, offs)
-    if ctx.needs_input_grad[1]:
-        grad_b = torch.ops.cutetune.grouped_mm(a.mT, grad, offs)
+    if ctx.needs_input_grad[1]:  # in B's own layout: W (E, N, K) for B = W^T, no copy
+        grad_b = (torch.ops.cutetune.grouped_mm(grad.mT, a, offs).mT if b.stride(-2) == 1
+                  else torch.ops.cutetune.grouped_mm(a.mT, grad, offs))
     return grad_a, grad_b, None, None
 
 
