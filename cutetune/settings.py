@@ -20,6 +20,8 @@ VARIABLES = {
                              "reduced or off (case-insensitive)"),
     "CUTETUNE_TOPK": ("5", "reduced mode: quack configs benchmarked per GEMM"),
     "CUTETUNE_MODEL": ("the packaged heuristics", "heuristics file for torch.compile"),
+    "CUTETUNE_GROUPED_MODEL": ("the packaged grouped model",
+                               "grouped (MoE) cost model for cutetune.grouped_mm and compile"),
     "CUTETUNE_FEEDBACK": ("none", "reduced mode: dataset folder receiving Inductor's timings"),
     "CUTETUNE_FUSE_SWIGLU": ("1", "fuse silu(gate) * up into one quack GEMM where measured faster"),
     "CUTETUNE_CACHE": ("$XDG_CACHE_HOME/cutetune or ~/.cache/cutetune", "cutetune's cache folder"),
@@ -101,6 +103,11 @@ def kernel_cache_dir(explicit: str | None = None) -> str:
 def template_cache_dir() -> Path:
     """$CUTETUNE_TEMPLATE_CACHE_DIR, else triton-templates in cutetune's cache folder."""
     return Path(os.environ.get("CUTETUNE_TEMPLATE_CACHE_DIR") or cache_dir() / "triton-templates")
+
+
+def grouped_model() -> str | None:
+    """$CUTETUNE_GROUPED_MODEL: the grouped cost model's file (None: the packaged one)."""
+    return os.environ.get("CUTETUNE_GROUPED_MODEL") or None
 
 
 def fused_kernels_package() -> str | None:

@@ -28,7 +28,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="data/inputs/h200_bf16")
     ap.add_argument("--repeat", default="data/bench/h200_bf16_repeat")
-    ap.add_argument("--stats", default="data/reports/collect_stats")
+    ap.add_argument("--stats", nargs="+", default=["data/reports/collect_stats"],
+                    help="folders of `cutetune collect --stats` files")
     ap.add_argument("--out", default="data/reports/dataset_h200_bf16")
     ap.add_argument("--min-configs", type=int, default=150,
                     help="problems with at least this many measured configs enter the comparison")
@@ -87,8 +88,8 @@ def main() -> None:
                      "p90_rel_diff": float(np.quantile(diffs, 0.9)), "max_rel_diff": float(max(diffs))}
     ok_rows = [r for r in rows if r["status"] == "ok"]
     spread = np.array([(r["time_ms_p80"] - r["time_ms_p20"]) / r["time_ms"] for r in ok_rows])
-    stats = {p.stem: json.loads(p.read_text()) for p in sorted(Path(args.stats).glob("*.json"))} \
-        if Path(args.stats).exists() else {}
+    stats = {p.stem: json.loads(p.read_text()) for folder in args.stats
+             for p in sorted(Path(folder).glob("*.json"))}
     report = {
         "rows": len(rows), "problems": len(problems), "cublas_baselines": len(cublas),
         "problems_with_150_configs": len(sampled), "exhaustive_problems": len(exhaustive),
@@ -119,7 +120,7 @@ def write_markdown(path: Path, rep: dict, args) -> None:
         f"# Dataset report: `{args.data}`",
         "",
         f"Made by `python scripts/dataset_report.py --data {args.data} --repeat "
-        f"{args.repeat or chr(39) * 2} --stats {args.stats} --out {args.out} --min-configs "
+        f"{args.repeat or chr(39) * 2} --stats {' '.join(args.stats)} --out {args.out} --min-configs "
         f"{args.min_configs}`.",
         "",
         "## Counts",

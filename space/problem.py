@@ -161,6 +161,11 @@ class GroupedProblem:
                    dtype=dtype, out_dtype=out_dtype, arch=arch)
 
 
+def problem_from_dict(d: dict) -> GemmProblem | GroupedProblem:
+    """The problem whose ``to_dict()`` is ``d``: a grouped one where it names its experts."""
+    return GroupedProblem(**d) if "experts" in d else GemmProblem(**d)
+
+
 def grouped_family(gemm: str) -> str:
     """The config family of the grouped GEMM ``gemm``: varlen_m or varlen_k; ProblemError for a
     name not in GROUPED_GEMMS."""

@@ -222,3 +222,52 @@ def test_enable_chains_the_grouped_pass_after_swiglu_and_the_users():
                 assert isinstance(inner, GroupedMmPass) and inner.user_pass is users
             assert inductor_config.post_grad_custom_post_pass is slot
         assert inductor_config.post_grad_custom_post_pass is users
+
+
+def test_the_model_comes_from_the_setting(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("CUTETUNE_GROUPED_MODEL", str(tmp_path / "mine.json"))
+    picker = gmm.Picker()
+    with caplog.at_level(logging.WARNING, logger=gmm.log.name):
+        assert picker.pick(GroupedProblem(8, 1024, 4096, 7168)) is None
+    assert "mine.json" in caplog.text
+
+
+# ---------------------------------------------------------------- kernels built meanwhile
+def test_the_pass_hands_each_nodes_kernels_to_prepare():
+    picker, handed = gmm.Picker(Stub()), []
+    a, w, offs = operands()
+    torch._dynamo.reset()
+    with inductor_config.patch(fx_graph_cache=False, post_grad_custom_post_pass=GroupedMmPass(
+            picker, "test-prepare", lambda device: "sm90", prepare=handed.append)):
+        torch._dynamo.mark_dynamic(a, 0)
+        torch.compile(_grouped)(a, w, offs).backward(torch.randn(64, 48, dtype=BF16))
+    torch._dynamo.reset()
+    # forward and input gradient (the stub leaves the weight gradient to ATen): one kernel
+    # each, whichever rung it was picked at
+    assert sorted(p.gemm for kernels in handed for p, _ in kernels) == ["dgrad", "fwd"]
+    assert all(c == CONFIG for kernels in handed for _, c in kernels)
+
+
+def test_a_kernel_the_helper_still_builds_runs_aten_meanwhile():
+    problem = GroupedProblem(8, 1024, 4096, 7168)
+    plan = gmm.GroupedPlan(CONFIG, problem)
+    call = (torch.empty(2, 2),)
+    assert not gmm._Grouped.pending(plan, call)  # nothing handed to a helper
+    state = ["pending"]
+    gmm.building(problem, CONFIG, lambda: state[0])
+    other_rows = gmm.GroupedPlan(CONFIG, gmm.with_ragged(problem, 64))
+    assert gmm._Grouped.pending(plan, call) and gmm._Grouped.pending(other_rows, call)
+    state[0] = "done"
+    assert not gmm._Grouped.pending(plan, call)
+    state[0] = "failed: it crashed"  # then the first call compiles it here, or retires to ATen
+    assert not gmm._Grouped.pending(plan, call)
+    gmm._builds.clear()
+
+
+def test_the_helper_takes_grouped_kernels():
+    from cutetune.tuner.kernels import helper
+
+    problem = GroupedProblem(8, 1024, 4096, 7168, gemm="dgrad")
+    assert helper.kernel_key(problem, CONFIG)[5] == "dgrad"  # quack's disk cache, no library
+    built, _ = helper._job("sm90", "gemm", problem.to_dict(), CONFIG.to_dict())
+    assert built in (True, False)

@@ -128,8 +128,15 @@ def test_predicted_mode_with_the_shipped_model_compiles_forward_and_backward(tor
         compiled = torch.compile(expert_mlp)
         y, codes = run_and_get_code(lambda: compiled(x, w1, w2, offs))
         y.backward(torch.ones_like(y))
-    assert any(grouped_mm.GROUPED_MM_KERNEL in c for c in codes) == any(
-        c is not None for c in grouped_mm.picker().picks_.values())
+    quack_picked = any(c is not None for c in grouped_mm.picker().picks_.values())
+    assert any(grouped_mm.GROUPED_MM_KERNEL in c for c in codes) == quack_picked
+    # the compile handed the picked kernels to the compile helper; once built, calls run them
+    from cutetune.tuner.kernels.helper import shared_prefetcher
+
+    assert shared_prefetcher("sm90").wait(timeout=300)["failed"] == 0
+    with enable("predicted"):
+        compiled(x, w1, w2, offs)
+    assert any(p.via == "quack" for p in grouped_mm._plans.values()) == quack_picked
     grads = x.grad, w1.grad, w2.grad
     xe, w1e, w2e = (t.detach().clone().requires_grad_() for t in (x, w1, w2))
     ye = expert_mlp(xe, w1e, w2e, offs)

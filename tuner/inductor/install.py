@@ -18,7 +18,7 @@ from ...space.problem import GemmProblem
 from ... import settings
 from ...models.heuristics import Heuristics, ModelHeuristics, PackagedHeuristics
 from ..kernels import aot, grouped_mm, launcher, problems, quack_gemm, swiglu
-from ..kernels.helper import is_library, shared_prefetcher, start_for_this_gpu
+from ..kernels.helper import is_library, kernel_key, shared_prefetcher, start_for_this_gpu
 from ..kernels.problems import TORCH_DTYPE_OF
 from . import choices as hook, template_cache
 from .choices import _SOURCES, ChoicesFactory, send_kernels
@@ -107,7 +107,22 @@ def grouped_pass(factory: ChoicesFactory, user_pass) -> GroupedMmPass:
     (``grouped_mm.Picker``; reduced mode decides them as predicted mode does)."""
     picker = grouped_mm.picker()
     return GroupedMmPass(picker, f"{picker.digest()}:{factory.code}",
-                         lambda device: problems.device_arch(device), user_pass)
+                         lambda device: problems.device_arch(device), user_pass,
+                         prepare_grouped_kernels)
+
+
+def prepare_grouped_kernels(kernels) -> None:
+    """Have the compile helper (forked now if it is not running) build a graph's grouped
+    kernels, ``(problem, config)`` pairs, into quack's disk cache while Inductor compiles, in
+    parallel; their calls run ATen until each is built (``grouped_mm.building``). Compiled
+    in the process at the first call instead, each cost a cold predicted-mode compile seconds
+    (data/bench/moe_block_h200.json: predicted compiled 11-14 s over Inductor's default).
+    Without a helper (quack's disk cache off, or no fork) the first call compiles as before."""
+    helper = shared_prefetcher(kernels[0][0].arch)
+    helper.submit(kernels)  # a kernel it did not take reads "done": built at its first call
+    for problem, config in kernels:
+        key = kernel_key(problem, config)
+        grouped_mm.building(problem, config, lambda key=key: helper.build_state(key))
 
 
 def post_grad_pass(factory: ChoicesFactory, user_pass, fuse_swiglu: bool):

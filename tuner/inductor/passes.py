@@ -273,10 +273,11 @@ class GroupedMmPass(ChainedPass):
     NAME = "cutetune-grouped"
 
     def __init__(self, picker, key: str, arch: Callable[[torch.device], str | None],
-                 user_pass: Callable[[torch.fx.Graph], None] | None = None) -> None:
+                 user_pass: Callable[[torch.fx.Graph], None] | None = None,
+                 prepare: Callable[[list], None] | None = None) -> None:
         super().__init__(key, user_pass)
         grouped_mm.install_lowering()
-        self.picker, self.arch = picker, arch
+        self.picker, self.arch, self.prepare = picker, arch, prepare
 
     def apply(self, graph: torch.fx.Graph) -> None:
         ours = torch.ops.cutetune.grouped_mm.default
@@ -288,14 +289,17 @@ class GroupedMmPass(ChainedPass):
                  "out_dtype")))
             if offs is None or fourth is not None or out_dtype not in (None, _dtype(a)):
                 continue  # no groups, a bias, another output dtype, or a table already
-            table = self._table(a, b, offs)
+            kernels: dict = {}  # config -> a problem it serves
+            table = self._table(a, b, offs, kernels)
             if table is None or (node.target is _GROUPED_MM and all(c is None for _, c in table)):
                 continue
+            if self.prepare is not None and kernels:
+                self.prepare([(p, c) for c, p in kernels.items()])
             node.target, node.args, node.kwargs = ours, (a, b, offs, table_ints(table)), {}
             log.info("cutetune: grouped GEMM %s: %s", node.name, ", ".join(
                 f"<={m}: {'ATen' if c is None else c.short()}" for m, c in table))
 
-    def _table(self, a, b, offs):
+    def _table(self, a, b, offs, kernels: dict):
         """The node's configs by range of its ragged size, None where quack cannot run it."""
         va, vb, vo = (getattr(x, "meta", {}).get("val") for x in (a, b, offs))
         if not all(isinstance(t, torch.Tensor) for t in (va, vb, vo)):
@@ -315,7 +319,7 @@ class GroupedMmPass(ChainedPass):
                 static_ints(b_size, "B sizes"), static_ints(vb.stride(), "B strides"),
                 static_ints(vo.shape, "offsets")[0], va.dtype, va.dtype, self.arch(va.device))
 
-        return self.picker.table(problem_at, dynamic, None if dynamic else total)
+        return self.picker.table(problem_at, dynamic, None if dynamic else total, kernels)
 
 
 _GROUPED_MM = torch.ops.aten._grouped_mm.default

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from functools import partial
 from pathlib import Path
 
 import torch
 
+from ... import settings
 from ...space.config import KernelConfig
 from ...space.problem import GroupedProblem, ProblemError
 
@@ -29,7 +29,6 @@ from .quack_gemm import MmPlan, launch
 
 log = logging.getLogger(__name__)
 
-MODEL_VARIABLE = "CUTETUNE_GROUPED_MODEL"
 # Rungs of a dynamic ragged size: routed rows reach 65536 tokens x top-8
 RAGGED_RUNGS = tuple(2 ** i for i in range(21))
 
@@ -39,7 +38,7 @@ class Picker:
     """The grouped cost model's pick per problem: its top-1 config, or None where its ATen
     fallback expects torch._grouped_mm to win or there is no model for the problem's
     arch/dtype. ``model``: a CostModel, a model file, or None for $CUTETUNE_GROUPED_MODEL,
-    else the shipped one. Picks are kept; models load on first use."""
+    else the shipped one (``settings.grouped_model``). Picks are kept; models load on first use."""
 
     def __init__(self, model=None) -> None:
         self.model = model
@@ -51,7 +50,7 @@ class Picker:
         if key not in self.models_:
             from ...models.artifact import ModelError, load_model
 
-            source = self.model if self.model is not None else os.environ.get(MODEL_VARIABLE)
+            source = self.model if self.model is not None else settings.grouped_model()
             try:
                 self.models_[key] = source if hasattr(source, "rank") else load_model(
                     source, arch, dtype, "grouped")
@@ -72,7 +71,7 @@ class Picker:
 
     def digest(self) -> str:
         """What identifies the picks (in Inductor's cache key): the model file's bytes."""
-        source = self.model if self.model is not None else os.environ.get(MODEL_VARIABLE)
+        source = self.model if self.model is not None else settings.grouped_model()
         if hasattr(source, "rank"):
             return f"model@{id(source):x}"
         if source is None:
@@ -84,17 +83,23 @@ class Picker:
         except OSError:
             return "none"  # no model: every grouped GEMM runs ATen
 
-    def table(self, problem_at, dynamic: bool, total: int | None = None):
+    def table(self, problem_at, dynamic: bool, total: int | None = None, kernels=None):
         """The config per range of the ragged size: for a static ``total``, the pick at it
         for every size; for a dynamic one, the pick at each rung (``launcher.m_ranges``).
-        ``problem_at(size)`` is the problem at that ragged size (ProblemError: ATen)."""
+        ``problem_at(size)`` is the problem at that ragged size (ProblemError: ATen).
+        ``kernels``, a dict if given, gets each picked config with a problem it was picked
+        for (one kernel serves every size)."""
         from .launcher import m_ranges
 
         def pick_at(size: int) -> KernelConfig | None:
             try:
-                return self.pick(problem_at(size))
+                problem = problem_at(size)
             except ProblemError:
                 return None
+            config = self.pick(problem)
+            if config is not None and kernels is not None:
+                kernels.setdefault(config, problem)
+            return config
 
         if not dynamic:
             return ((M_UNBOUNDED, pick_at(total)),)
@@ -131,6 +136,31 @@ def ragged_total(problem: GroupedProblem) -> int:
 
 # ---------------------------------------------------------------- run time
 _plans: dict[tuple, runtime.Plan] = {}
+# (config, gemm, dtype, arch) -> how the compile helper's build of that kernel stands
+# ("pending", "done" or "failed: why"), for kernels a compile handed to it (``building``)
+_builds: dict[tuple, object] = {}
+
+
+def kernel_identity(problem: GroupedProblem, config: KernelConfig) -> tuple:
+    """What a grouped kernel is, whatever the sizes: one kernel serves every size."""
+    return (config, problem.gemm, problem.dtype, problem.arch)
+
+
+def building(problem: GroupedProblem, config: KernelConfig, state) -> None:
+    """Record that the compile helper builds ``problem``'s kernel for ``config``; ``state()``
+    says how that stands without waiting. Calls run ATen until it is built, rather than
+    compile it here at their first launch."""
+    _builds[kernel_identity(problem, config)] = state
+
+
+class GroupedPlan(MmPlan):
+    """``MmPlan`` with the kernel's identity (``kernel_identity``), for its build's state."""
+
+    __slots__ = ("kernel",)
+
+    def __init__(self, config: KernelConfig, problem: GroupedProblem) -> None:
+        super().__init__(config, problem.arch)
+        self.kernel = kernel_identity(problem, config)
 
 
 def _build_plan(a, b, offs, table) -> runtime.Plan:
@@ -148,7 +178,7 @@ def _build_plan(a, b, offs, table) -> runtime.Plan:
         log.info("cutetune: torch._grouped_mm for %s @ %s (%s)", tuple(a.shape), tuple(b.shape),
                  e)
         return runtime.ATEN
-    return MmPlan(config, problem.arch)
+    return GroupedPlan(config, problem)
 
 
 def _aten(a, b, offs, out=None, cu=None):
@@ -166,7 +196,20 @@ class _Grouped:
 
     aten = staticmethod(_aten)
 
-    pending = staticmethod(runtime.capturing)
+    @staticmethod
+    def pending(plan: GroupedPlan, call) -> bool:
+        """A capture in progress (``runtime.capturing``), or the compile helper still building
+        the kernel: the call runs ATen (the first such call says so)."""
+        if runtime.capturing(plan, call):
+            return True
+        state = _builds.get(plan.kernel)
+        if state is None or state() != "pending":
+            return False
+        if not plan.deferred:
+            plan.deferred = True
+            log.info("cutetune: grouped GEMMs of %s run ATen until the compile helper has built "
+                     "the kernel", plan.config.short())
+        return True
 
     @staticmethod
     def first_launch(plan: MmPlan, *call) -> None:

@@ -54,7 +54,7 @@ import time
 import warnings
 
 from ...space.config import KernelConfig
-from ...space.problem import GemmProblem
+from ...space.problem import GemmProblem, GroupedProblem, problem_from_dict
 
 from . import aot, library as gemm_library, problems, quack_gemm, swiglu
 from .compile import compile_kernel, configure_gpu_blind, kernel_object_path, signature_class
@@ -77,11 +77,12 @@ _REPORTED = 3  # a build's exit status when it reported its own failure
 log = logging.getLogger(__name__)
 
 
-def kernel_key(problem: GemmProblem, config: KernelConfig) -> tuple:
+def kernel_key(problem: GemmProblem | GroupedProblem, config: KernelConfig) -> tuple:
     """What the prefetcher files a plain kernel under: ``("library", key)`` where the helper
     builds it as a TVM-FFI library (``gemm_library``; it needs a C compiler to link), which
     launches without quack; else its ``signature_class``, for quack's disk cache."""
-    if aot.can_link() and gemm_library.unsupported_reason(problem, config) is None:
+    if isinstance(problem, GemmProblem) and aot.can_link() \
+            and gemm_library.unsupported_reason(problem, config) is None:
         return ("library", gemm_library.library_key(problem, config))
     return signature_class(problem, config)
 
@@ -415,7 +416,7 @@ def _close_inherited(keep: tuple[int, ...]) -> None:
 def _job(arch: str, kind: str, *payload):
     """(whether it is built already, how to build it) for one job line of ``serve``."""
     if kind in ("gemm", "gemm_library"):
-        problem, config = GemmProblem(**payload[0]), KernelConfig.from_dict(payload[1])
+        problem, config = problem_from_dict(payload[0]), KernelConfig.from_dict(payload[1])
         if kind == "gemm_library":
             return (aot.library_ready(gemm_library.library_key(problem, config)),
                     lambda: gemm_library.build_library(problem, config))
