@@ -562,7 +562,7 @@ def test_calls_run_aten_while_the_helper_builds_the_library(monkeypatch, caplog)
         swiglu._plans.clear()
         calls.clear()
         state[key] = "pending"
-        with caplog.at_level("INFO", logger="cutetune.tuner.kernels.swiglu"):
+        with caplog.at_level("INFO", logger="cutetune.tuner.kernels"):
             caplog.clear()
             for _ in range(3):
                 swiglu.quack_mm_silu_mul_out(a, b, gate, out, PLAIN)

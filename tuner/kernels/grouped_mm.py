@@ -205,11 +205,7 @@ class _Grouped:
         state = _builds.get(plan.kernel)
         if state is None or state() != "pending":
             return False
-        if not plan.deferred:
-            plan.deferred = True
-            log.info("cutetune: grouped GEMMs of %s run ATen until the compile helper has built "
-                     "the kernel", plan.config.short())
-        return True
+        return runtime.defer(plan, f"grouped GEMM {plan.config.short()}")
 
     @staticmethod
     def first_launch(plan: MmPlan, *call) -> None:

@@ -53,6 +53,15 @@ def capturing(plan: Plan, call: tuple) -> bool:
     return call[0].is_cuda and torch.cuda.is_current_stream_capturing()
 
 
+def defer(plan: Plan, what: str) -> bool:
+    """Run this call of ``plan`` on ATen while the compile helper builds its kernel; the
+    first such call says so (``what``: the kernel, for the log). True."""
+    if not plan.deferred:
+        plan.deferred = True
+        log.info("cutetune: %s runs ATen until the compile helper has built it", what)
+    return True
+
+
 def aligned(*tensors) -> bool:
     """Base pointers quack's TMA can take (checked on every call: only metadata is keyed)."""
     return all(t is None or t.data_ptr() % TMA_ALIGN_BYTES == 0 for t in tensors)

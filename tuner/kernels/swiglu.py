@@ -90,11 +90,7 @@ def _build_pending(plan: runtime.Plan, device: torch.device) -> bool:
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     if state() != "pending" and not capturing:
         return False
-    if not plan.deferred:
-        plan.deferred = True
-        log.info("cutetune: fused SwiGLU %s runs ATen until the compile helper has built its "
-                 "library", plan.config.short())
-    return True
+    return runtime.defer(plan, f"fused SwiGLU {plan.config.short()}")
 
 
 def _library_runner(config: KernelConfig, key: str, device):
