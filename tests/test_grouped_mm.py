@@ -3,6 +3,7 @@ operands to a GroupedProblem, the model's picks by rung, the op's ATen path and 
 the compiled graphs' tables (the kernels themselves: test_grouped_mm_gpu.py)."""
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -271,3 +272,13 @@ def test_the_helper_takes_grouped_kernels():
     assert helper.kernel_key(problem, CONFIG)[5] == "dgrad"  # quack's disk cache, no library
     built, _ = helper._job("sm90", "gemm", problem.to_dict(), CONFIG.to_dict())
     assert built in (True, False)
+
+
+def test_the_grouped_models_code_keys_the_fx_cache():
+    """The grouped pass runs the cost model at compile time: the code that turns the model
+    file into picks is cutetune code that decides a graph, so in its FX-cache key."""
+    from cutetune.models import artifact, fallback, features, kinds, learners
+    from cutetune.tuner.inductor.cache_key import decision_sources
+
+    readers = {Path(m.__file__).resolve() for m in (artifact, fallback, features, kinds, learners)}
+    assert readers <= set(decision_sources())

@@ -8,21 +8,20 @@ import hashlib
 from functools import lru_cache
 from pathlib import Path
 
-from ... import space
-from ...models import heuristics, triton_mm
+from ... import models, space
 from .. import kernels
 
-# What decides what a node's generated code calls: the pure rules (space/), the heuristics
-# file's reader and the Triton table (models/), the kernels' support envelope and runtime
+# What decides what a node's generated code calls: the pure rules (space/), the model readers
+# (models/: the heuristics file's and the Triton table's, and the grouped cost model that the
+# grouped GEMM pass runs at compile time), the kernels' support envelope and runtime
 # (tuner/kernels/) and this package. Folders are walked, so a new module is covered as added.
-_FOLDERS = (Path(space.__file__).parent, Path(kernels.__file__).parent, Path(__file__).parent)
-_FILES = (Path(heuristics.__file__), Path(triton_mm.__file__))
+_FOLDERS = (Path(space.__file__).parent, Path(models.__file__).parent,
+            Path(kernels.__file__).parent, Path(__file__).parent)
 
 
 def decision_sources() -> list[Path]:
     """The source files hashed, in a fixed order."""
     files = {f.resolve() for folder in _FOLDERS for f in folder.rglob("*.py")}
-    files.update(f.resolve() for f in _FILES)
     return sorted(files)
 
 
