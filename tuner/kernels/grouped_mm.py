@@ -4,7 +4,7 @@ torch._grouped_mm wherever quack cannot run a call or the model expects ATen to 
 
 One custom op, ``cutetune::grouped_mm(a, b, offs, table)``, serves eager calls, CUDA graphs,
 torch.compile and autograd. ``table`` is the config per range of the ragged size
-(``problems.table_ints``), decided at compile time by Inductor's pass (``inductor/grouped.py``);
+(``problems.table_ints``), decided at compile time by Inductor's pass (``inductor.passes.GroupedMmPass``);
 without one (eager) each call looks up the pick of its rung (``launcher.rung_of``), which the
 model decides once per shape and rung: after that a call costs no model time and no GPU sync.
 """
@@ -23,7 +23,7 @@ from ...space.config import KernelConfig
 from ...space.problem import GroupedProblem, ProblemError
 
 from . import problems, runtime
-from .launcher import M_UNBOUNDED, config_for_m, rung_of
+from .launcher import M_UNBOUNDED, config_for_m, m_ranges, rung_of
 from .problems import parsed_table
 from .quack_gemm import MmPlan, launch
 
@@ -89,8 +89,6 @@ class Picker:
         ``problem_at(size)`` is the problem at that ragged size (ProblemError: ATen).
         ``kernels``, a dict if given, gets each picked config with a problem it was picked
         for (one kernel serves every size)."""
-        from .launcher import m_ranges
-
         def pick_at(size: int) -> KernelConfig | None:
             try:
                 problem = problem_at(size)
@@ -303,10 +301,10 @@ _extern: list = []
 
 def install_lowering() -> None:
     """Have Inductor lower the op as an extern kernel with a literal table, a plain function
-    call: through the dispatcher a custom op cost compiled code about 50 us more host time
-    per call on the H200 host (data/bench/op_overhead_h200.json). Once per process (the
-    graph pass that puts tables into graphs installs it); under the C++ wrapper, which cannot
-    call Python, the op stays a custom-op call."""
+    call: a custom op's call through the dispatcher costs compiled code host time per call
+    (docs/design.md, the fused SwiGLU op). Once per process (the graph pass that puts tables
+    into graphs installs it); under the C++ wrapper, which cannot call Python, the op stays a
+    custom-op call."""
     if _extern:
         return
     from torch._inductor import ir
