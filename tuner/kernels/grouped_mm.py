@@ -216,10 +216,11 @@ class _Grouped:
                 f"{tuple(call[1].shape)}")
 
 
-def _out_shape(a, b, offs) -> tuple[int, ...]:
-    if b.dim() == 3:
-        return (a.shape[0], b.shape[-1])
-    return (offs.shape[0], a.shape[0], b.shape[-1])
+def _out_size(a_size, b_size, offs_size) -> list:
+    """The output's sizes, from the operands' (ints, or Inductor's symbolic sizes)."""
+    if len(b_size) == 3:
+        return [a_size[0], b_size[-1]]
+    return [offs_size[0], a_size[0], b_size[-1]]
 
 
 def _key(a, b, offs, table) -> tuple:
@@ -237,7 +238,8 @@ def grouped_mm_impl(a, b, offs, table=None):
         plan = _plans[key] = _build_plan(a, b, offs, table)
     if plan.config is None:
         return _aten(a, b, offs)
-    out = torch.empty(_out_shape(a, b, offs), dtype=a.dtype, device=a.device)
+    out = torch.empty(_out_size(a.shape, b.shape, offs.shape), dtype=a.dtype,
+                      device=a.device)
     cu = torch.nn.functional.pad(offs, (1, 0))  # quack's offsets start at 0
     return runtime.call(_Grouped, _plans, key, plan, out, (a, b, out), (a, b, offs, out, cu))
 
@@ -258,7 +260,7 @@ def grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
 
 @grouped_mm_op.register_fake
 def _(a, b, offs, table=None):
-    return a.new_empty(_out_shape(a, b, offs))
+    return a.new_empty(_out_size(a.shape, b.shape, offs.shape))
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -321,8 +323,7 @@ def install_lowering() -> None:
         if V.graph.cpp_wrapper or table is None:
             return fallback_handler(op, add_to_fallback_set=False)(a, b, offs, table)
         a, b, offs = (ir.ExternKernel.realize_input(t) for t in (a, b, offs))
-        size = ([a.get_size()[0], b.get_size()[-1]] if len(b.get_size()) == 3
-                else [offs.get_size()[0], a.get_size()[0], b.get_size()[-1]])
+        size = _out_size(a.get_size(), b.get_size(), offs.get_size())
         layout = ir.FixedLayout(a.get_device(), a.get_dtype(), size)
         return choice.bind([a, b, offs], layout, table=tuple(table)).output_node()
 
