@@ -105,7 +105,8 @@ def gemms(args) -> dict:
     speedups = [r["predicted_over_aten"] for r in rows]
     over_ma = [r["predicted_over_max_autotune"] for r in rows if
                "predicted_over_max_autotune" in r]
-    return {"rows": rows, "complete": len(rows) == len(MODELS) * len(TOKENS) * 2 * len(GEMMS),
+    models = args.models.split(",")
+    return {"rows": rows, "complete": len(rows) == len(models) * len(TOKENS) * 2 * len(GEMMS),
             "host_us_at_128_tokens": _host_us(torch),
             "summary": {
                 "predicted_over_aten_geomean": _geomean(speedups),

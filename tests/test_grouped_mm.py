@@ -108,7 +108,7 @@ def test_a_missing_model_runs_aten_with_a_warning(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger=gmm.log.name):
         assert picker.pick(GroupedProblem(8, 1024, 4096, 7168)) is None
     assert "does not exist" in caplog.text
-    assert picker.digest() == "none"
+    assert picker.digest() != gmm.Picker().digest()  # the packaged model's bytes
 
 
 def test_a_dynamic_size_gets_a_pick_per_range():
@@ -282,3 +282,11 @@ def test_the_grouped_models_code_keys_the_fx_cache():
 
     readers = {Path(m.__file__).resolve() for m in (artifact, fallback, features, kinds, learners)}
     assert readers <= set(decision_sources())
+
+
+def test_make_fx_traces_the_op_not_its_launch():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    a, w, offs = operands()
+    graph = make_fx(lambda a, w, o: cutetune.grouped_mm(a, w.mT, o))(a.detach(), w.detach(), offs)
+    assert any(n.target is torch.ops.cutetune.grouped_mm.default for n in graph.graph.nodes)

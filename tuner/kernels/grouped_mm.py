@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from torch.utils import _python_dispatch
 
 from ... import settings
 from ...space.config import KernelConfig
@@ -70,18 +71,19 @@ class Picker:
         return self.picks_[problem]
 
     def digest(self) -> str:
-        """What identifies the picks (in Inductor's cache key): the model file's bytes."""
+        """What identifies the picks (in Inductor's cache key): the model files' bytes."""
         source = self.model if self.model is not None else settings.grouped_model()
         if hasattr(source, "rank"):
             return f"model@{id(source):x}"
-        if source is None:
-            from ...models.artifact import shipped_model_path
-
-            source = shipped_model_path("sm90", "bf16", "grouped")
-        try:
-            return hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16]
-        except OSError:
-            return "none"  # no model: every grouped GEMM runs ATen
+        files = ([Path(source)] if source is not None
+                 else sorted(settings.PACKAGE_DATA.glob("cost_model_*_grouped.json")))
+        h = hashlib.sha256()
+        for f in files:  # the packaged ones: one per arch and dtype shipped
+            try:
+                h.update(f.read_bytes())
+            except OSError:
+                h.update(b"none")  # no model: its grouped GEMMs run ATen
+        return h.hexdigest()[:16]
 
     def table(self, problem_at, dynamic: bool, total: int | None = None, kernels=None):
         """The config per range of the ragged size: for a static ``total``, the pick at it
@@ -108,7 +110,8 @@ _PICKER = Picker()
 
 
 def picker() -> Picker:
-    """The picker eager calls and compiled graphs use (``set_model`` replaces it)."""
+    """The picker eager calls use, and graphs compiled under an ``enable`` made after it was
+    set (``set_model`` replaces it; an installation keeps the one it found)."""
     return _PICKER
 
 
@@ -225,7 +228,7 @@ def _out_size(a_size, b_size, offs_size) -> list:
 
 def _key(a, b, offs, table) -> tuple:
     return (None if table is None else tuple(table), a.shape, a.stride(), b.shape, b.stride(),
-            offs.shape, offs.dtype, a.dtype, b.dtype, a.device)
+            offs.shape, offs.dtype, a.dtype, b.dtype, a.device, b.device, offs.device)
 
 
 def grouped_mm_impl(a, b, offs, table=None):
@@ -337,7 +340,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Te
     (K_total, N) into (E, M, N). Differentiable, graph-capturable and traceable by
     torch.compile; ATen wherever quack cannot run the call. A call that needs no autograd
     and is not being traced skips the dispatcher, whose custom-op call costs host time."""
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (
-            a.requires_grad or b.requires_grad)):
-        return torch.ops.cutetune.grouped_mm(a, b, offs)
+    if torch.compiler.is_compiling() or _python_dispatch._get_current_dispatch_mode() \
+            or (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+        return torch.ops.cutetune.grouped_mm(a, b, offs)  # traced (make_fx too) or autograd
     return grouped_mm_impl(a, b, offs)
