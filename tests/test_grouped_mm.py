@@ -290,3 +290,43 @@ def test_make_fx_traces_the_op_not_its_launch():
     a, w, offs = operands()
     graph = make_fx(lambda a, w, o: cutetune.grouped_mm(a, w.mT, o))(a.detach(), w.detach(), offs)
     assert any(n.target is torch.ops.cutetune.grouped_mm.default for n in graph.graph.nodes)
+
+
+# ---------------------------------------------------------------- reduced mode
+def test_reduced_mode_benchmarks_the_top_k_among_inductors_candidates(monkeypatch):
+    """Static sizes: Inductor's own grouped lowering, with the model's top-k quack configs
+    added to what it benchmarks (here on the CPU: ATen, and the quack choices, which run ATen
+    off the GPU); the pass leaves those nodes to it."""
+    from torch._inductor.kernel import mm_grouped
+
+    from cutetune.tuner.inductor import grouped
+
+    seen = []
+    select = mm_grouped.autotune_select_algorithm
+
+    def spy(name, choices, *args, **kwargs):
+        seen.append([getattr(c, "description", "") for c in choices])
+        return select(name, choices, *args, **kwargs)
+
+    monkeypatch.setattr(mm_grouped, "autotune_select_algorithm", spy)
+    picker = gmm.Picker(Stub())
+    previous = grouped.install(picker, 2, lambda device: "sm90")
+    try:
+        torch._dynamo.reset()
+        with inductor_config.patch(fx_graph_cache=False, post_grad_custom_post_pass=GroupedMmPass(
+                picker, "test-reduced", lambda device: "sm90", static=False)):
+            a, w, offs = operands()
+            y = torch.compile(_grouped)(a, w, offs)
+            gy = torch.randn(64, 48, dtype=BF16)
+            y.backward(gy)
+    finally:
+        grouped.uninstall(previous)
+        torch._dynamo.reset()
+    a2, w2 = (t.detach().clone().requires_grad_() for t in (a, w))
+    ref = _grouped(a2, w2, offs)
+    ref.backward(gy)
+    assert torch.equal(y, ref) and torch.equal(a.grad, a2.grad) and torch.equal(w.grad, w2.grad)
+    # forward, input and weight gradients: each node benchmarked with the stub's config
+    # added (it ranks one config, whatever top_k)
+    assert len(seen) == 3 and all(CONFIG.short() in names for names in seen)
+    assert mm_grouped.autotune_select_algorithm is spy  # put back after each lowering

@@ -144,3 +144,29 @@ def test_predicted_mode_with_the_shipped_model_compiles_forward_and_backward(tor
     assert _rel(torch, y, ye.detach().float()) < 1e-2
     for got, ref in zip(grads, (xe.grad, w1e.grad, w2e.grad)):
         assert _rel(torch, got, ref.float()) < 2e-2
+
+
+def test_reduced_mode_benchmarks_quack_beside_inductors_grouped_templates(torch_gpu, caplog):
+    """A static token count in reduced mode: Inductor's grouped lowering benchmarks ATen, its
+    Triton templates and the shipped model's top-k quack kernels (built by the compile
+    helper), and the compiled forward and backward match eager."""
+    torch = torch_gpu
+    from cutetune.tuner.inductor.install import enable
+    from cutetune.tuner.kernels import grouped_mm
+
+    grouped_mm.set_model(None)
+    torch._dynamo.reset()
+    x, w, offs = _operands(torch, requires_grad=True)
+    dy = torch.randn(sum(COUNTS), N, device="cuda", dtype=torch.bfloat16)
+    with enable("reduced", top_k=3), caplog.at_level("INFO", logger="cutetune.tuner.inductor"):
+        compiled = torch.compile(lambda x, w, offs: torch._grouped_mm(x, w.mT, offs=offs))
+        y = compiled(x, w, offs)
+        y.backward(dy)
+    assert caplog.text.count("among Inductor's candidates") == 3  # fwd, dgrad, wgrad
+    grads = x.grad, w.grad
+    xe, we = (t.detach().clone().requires_grad_() for t in (x, w))
+    ye = torch._grouped_mm(xe, we.mT, offs=offs)
+    ye.backward(dy)
+    assert _rel(torch, y, ye.detach().float()) < 1e-2
+    for got, ref in zip(grads, (xe.grad, we.grad)):
+        assert _rel(torch, got, ref.float()) < 2e-2

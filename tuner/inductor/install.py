@@ -20,7 +20,7 @@ from ...models.heuristics import Heuristics, ModelHeuristics, PackagedHeuristics
 from ..kernels import aot, grouped_mm, launcher, problems, quack_gemm, swiglu
 from ..kernels.helper import is_library, kernel_key, shared_prefetcher, start_for_this_gpu
 from ..kernels.problems import TORCH_DTYPE_OF
-from . import choices as hook, template_cache
+from . import choices as hook, grouped, template_cache
 from .choices import _SOURCES, ChoicesFactory, send_kernels
 from .decisions import REDUCED_TOP_K, decide_swiglu, host_bound_us, triton_takers
 from .feedback import FeedbackRecorder
@@ -104,11 +104,12 @@ def swiglu_fusion_pass(factory: ChoicesFactory, user_pass) -> SwigluFusionPass:
 
 def grouped_pass(factory: ChoicesFactory, user_pass) -> GroupedMmPass:
     """The post-grad pass that gives grouped GEMMs the grouped model's picks
-    (``grouped_mm.Picker``; reduced mode decides them as predicted mode does)."""
+    (``grouped_mm.Picker``): every one in predicted mode, those of a dynamic size in reduced
+    mode (its lowering benchmarks the others, ``grouped.ReducedLowering``)."""
     picker = grouped_mm.picker()
-    return GroupedMmPass(picker, f"{picker.digest()}:{factory.code}",
+    return GroupedMmPass(picker, f"{factory.mode}:{picker.digest()}:{factory.code}",
                          lambda device: problems.device_arch(device), user_pass,
-                         prepare_grouped_kernels)
+                         prepare_grouped_kernels, static=factory.mode != "reduced")
 
 
 def prepare_grouped_kernels(kernels) -> None:
@@ -194,6 +195,7 @@ _RESTORE = {
     "template_manager": template_cache.uninstall,
     "prefetch": lambda value: setattr(hook, "_prefetch_for", value),
     "choices_class": _set_config("inductor_choices_class"),
+    "grouped_lowering": grouped.uninstall,
     "handler": _swap_thread_handler,
 }
 _ACTIVE: list["Installation"] = []  # the active installations, oldest first
@@ -203,7 +205,8 @@ class Installation:
     """An active ``enable()``: a context manager, or call ``disable()``. Restores the previous
     ``inductor_choices_class``, this thread's choices handler, the feedback savers, the
     prefetcher source, the pre-grad pass that feeds it, the preprocessing hook that waits for
-    it, Triton's cache manager and the post-grad pass that fuses SwiGLU.
+    it, Triton's cache manager, the post-grad passes that fuse SwiGLU and pick grouped GEMMs'
+    configs, and reduced mode's lowering of grouped GEMMs.
 
     Installations may be disabled in any order, not only the reverse of their creation: one
     disabled while a later one is still active hands what it found, slot by slot, to the
@@ -225,6 +228,9 @@ class Installation:
         if factory is not None:
             prev["template_manager"] = template_cache.install()
         prev["prefetch"], hook._prefetch_for = hook._prefetch_for, prefetch_for
+        if factory is not None and factory.mode == "reduced":
+            prev["grouped_lowering"] = grouped.install(
+                grouped_mm.picker(), factory.top_k, problems.device_arch, prefetch_for)
         prev["choices_class"] = inductor_config.inductor_choices_class
         if factory is not None:
             new_class = factory

@@ -274,10 +274,10 @@ class GroupedMmPass(ChainedPass):
 
     def __init__(self, picker, key: str, arch: Callable[[torch.device], str | None],
                  user_pass: Callable[[torch.fx.Graph], None] | None = None,
-                 prepare: Callable[[list], None] | None = None) -> None:
+                 prepare: Callable[[list], None] | None = None, static: bool = True) -> None:
         super().__init__(key, user_pass)
         grouped_mm.install_lowering()
-        self.picker, self.arch, self.prepare = picker, arch, prepare
+        self.picker, self.arch, self.prepare, self.static = picker, arch, prepare, static
 
     def apply(self, graph: torch.fx.Graph) -> None:
         ours = torch.ops.cutetune.grouped_mm.default
@@ -307,6 +307,8 @@ class GroupedMmPass(ChainedPass):
         ragged = (0, 0) if vb.dim() == 3 else (1, 0)  # A's and B's dim that splits (B: wgrad)
         total = va.shape[ragged[0]]
         dynamic = not isinstance(total, int)
+        if not dynamic and not self.static:
+            return None  # left to reduced mode's lowering, which benchmarks it
 
         def problem_at(size: int):
             a_size = list(va.shape)

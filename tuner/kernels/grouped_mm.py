@@ -70,6 +70,12 @@ class Picker:
             self.picks_[problem] = config
         return self.picks_[problem]
 
+    def ranked(self, problem: GroupedProblem, top_k: int) -> list[KernelConfig]:
+        """The model's ``top_k`` configs for ``problem`` (reduced mode benchmarks them beside
+        ATen, so no fallback here); none without a model."""
+        model = self._model_for(problem.arch, problem.dtype)
+        return [] if model is None else [c for c, _ in model.rank(problem, top_k=top_k)]
+
     def digest(self) -> str:
         """What identifies the picks (in Inductor's cache key): the model files' bytes."""
         source = self.model if self.model is not None else settings.grouped_model()
@@ -302,6 +308,12 @@ def grouped_mm_extern(a, b, offs, *, table):
 
 
 _extern: list = []
+
+
+def extern_choice():
+    """The op's ExternKernelChoice (``install_lowering`` registers it)."""
+    install_lowering()
+    return _extern[0]
 
 
 def install_lowering() -> None:
