@@ -31,11 +31,7 @@ X, Y = _configs()
 
 
 class ShapeModel:
-    """Ranks X first up to M 32, Y first above; prefers cuBLAS from M 200. ``seen`` records
-    each fold's training problems."""
-
-    def __init__(self, seen):
-        self.seen = seen
+    """Ranks X first up to M 32, Y first above; prefers cuBLAS from M 200."""
 
     def rank(self, problem, configs=None, top_k=None):
         order = [X, Y] if problem.m <= 32 else [Y, X]
@@ -60,7 +56,7 @@ def test_replay_scores_the_files_cell_answer_against_the_models():
 
     def train_fold(sub):
         seen.append({p.m for p in sub.problems})
-        return ShapeModel(seen)
+        return ShapeModel()
 
     rep = replay(data, train_fold, splits, GRID)
     assert seen == [{128, 256}, {16, 48}]  # each fold's model never saw its test problems
@@ -90,7 +86,7 @@ def test_a_file_that_answers_as_its_model_meets_the_targets():
     """Every problem on the grid: the file's answers are the model's."""
     data = _data()
     grid = Grid(m=MS, n=(256,), k=(256,))
-    rep = replay(data, lambda sub: ShapeModel([]), [(np.array([2, 3]), np.array([0, 1])),
+    rep = replay(data, lambda sub: ShapeModel(), [(np.array([2, 3]), np.array([0, 1])),
                                                     (np.array([0, 1]), np.array([2, 3]))], grid)
     s = summarize(rep)
     assert s["file_top1_vs_model"] == 1.0 and s["on_grid"] == 4
