@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 from bisect import bisect_left
 from dataclasses import dataclass, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
@@ -52,9 +54,11 @@ CONFIG_FIELDS = tuple(f.name for f in fields(KernelConfig))
 # Configs kept per entry: at least the largest top-k the reduced mode may ask for.
 FILE_TOP_K = 8
 DATA_DIR = settings.PACKAGE_DATA
+log = logging.getLogger(__name__)
 
 # An entry: (cuBLAS-fallback flag, indices into the file's config table, best first).
 Entry = tuple[bool, tuple[int, ...]]
+Pick = tuple[tuple[KernelConfig, ...], bool]  # configs best first, and whether to keep ATen
 
 
 class HeuristicsError(ArtifactError):
@@ -106,6 +110,31 @@ class Grid:
         return {"batch": list(self.batch), "m": list(self.m), "n": list(self.n),
                 "k": list(self.k), "majors": list(MAJORS)}
 
+    @cached_property
+    def _locate(self) -> tuple["_Locator", ...]:
+        return tuple(_Locator(v) for v in (self.batch, self.m, self.n, self.k))
+
+    def _nearest(self, p: GemmProblem) -> tuple[int, ...]:
+        return tuple(loc(x) for loc, x in zip(self._locate, (p.batch, p.m, p.n, p.k)))
+
+    def index(self, p: GemmProblem) -> int:
+        """Storage index of the cell nearest ``p`` in log space, among its majors' cells."""
+        i = MAJORS.index(p.a_major + p.b_major)
+        for size, j in zip((len(self.batch), len(self.m), len(self.n), len(self.k)),
+                           self._nearest(p)):
+            i = i * size + j
+        return i
+
+    def cell(self, p: GemmProblem) -> GemmProblem | None:
+        """The problem of the cell nearest ``p`` (what a file's lookup answers ``p`` with),
+        None where that cell's shape is invalid for the majors."""
+        b, m, n, k = (v[j] for v, j in zip((self.batch, self.m, self.n, self.k),
+                                          self._nearest(p)))
+        try:
+            return GemmProblem(m, n, k, b, p.dtype, p.dtype, p.a_major, p.b_major, p.arch)
+        except ProblemError:
+            return None
+
 
 class _Locator:
     """Nearest grid index in log space, per dimension, by bisection on precomputed logs."""
@@ -139,16 +168,20 @@ class Heuristics:
         self.gpu_times = gpu_times or {}  # problem key -> its candidates' GPU times
         self.swiglu = swiglu or {}  # problem key -> index of its fused config, or None
         self.digest = digest or _digest(json.dumps(self.to_json(), sort_keys=True).encode())
-        self._locate = [_Locator(v) for v in (grid.batch, grid.m, grid.n, grid.k)]
-        self._dims = (len(grid.batch), len(grid.m), len(grid.n), len(grid.k))
 
     def lookup(self, problem: GemmProblem) -> tuple[tuple[KernelConfig, ...], bool]:
         """The configs to try for ``problem``, best first, and whether the model prefers
         cuBLAS for it. HeuristicsError when the file is for another arch or dtype."""
+        return self.exact_pick(problem) or self._pick(self.cells[self.grid.index(problem)])
+
+    def exact_pick(self, problem: GemmProblem) -> Pick | None:
+        """``lookup``'s answer where the file has an exact entry for ``problem`` (a recorded
+        problem, measured where the dataset timed it), else None."""
         self._check(problem)
         entry = self.exact.get(problem.key())
-        if entry is None:
-            entry = self.cells[self._cell(problem)]
+        return None if entry is None else self._pick(entry)
+
+    def _pick(self, entry: Entry | None) -> Pick:
         if entry is None:  # only cells whose shape is invalid for their majors
             return (), True
         aten, idx = entry
@@ -193,13 +226,6 @@ class Heuristics:
         if problem.arch != self.arch or problem.dtype != self.dtype:
             raise HeuristicsError(f"heuristics are for {self.arch}/{self.dtype}, not "
                                   f"{problem.arch}/{problem.dtype}")
-
-    def _cell(self, p: GemmProblem) -> int:
-        nb, nm, nn, nk = self._dims
-        i = MAJORS.index(p.a_major + p.b_major)
-        for loc, size, x in zip(self._locate, (nb, nm, nn, nk), (p.batch, p.m, p.n, p.k)):
-            i = i * size + loc(x)
-        return i
 
     # ------------------------------------------------------------ file format
     def to_json(self) -> dict:
@@ -307,11 +333,22 @@ def default_path(arch: str, dtype: str) -> Path:
     return DATA_DIR / f"heuristics_{arch}_{dtype}.json"
 
 
+def model_path(folder: Path, arch: str, dtype: str) -> Path:
+    """Where a folder of packaged heuristics keeps the dense cost model of (arch, dtype)."""
+    return Path(folder) / f"cost_model_{arch}_{dtype}.json"
+
+
 class PackagedHeuristics:
     """The heuristics shipped in cutetune/data, one file per (arch, dtype), each loaded on
-    first use; HeuristicsError from ``lookup`` for a pair that has no file."""
+    first use; HeuristicsError from ``lookup`` for a pair that has no file.
 
-    def __init__(self, folder: Path | None = None) -> None:
+    ``lookup`` answers a problem the file has no exact entry for from the cost model packaged
+    beside the file (``model_path``; with ``models``), asked at compile time: on held-out
+    problems the grid cell's frozen answer loses to the model's own (docs/design.md).
+    Without a model for the pair, or one that does not load, the file's grid answers. The
+    file keeps everything else: exact entries, the Triton table, SwiGLU fusions, GPU times."""
+
+    def __init__(self, folder: Path | None = None, models: bool = True) -> None:
         folder = DATA_DIR if folder is None else Path(folder)
         self.paths = {}
         for path in sorted(folder.glob("heuristics_*_*.json")):
@@ -321,12 +358,34 @@ class PackagedHeuristics:
             raise HeuristicsError(
                 f"no packaged heuristics in {folder}: write one with `cutetune emit --model "
                 f"MODEL --out {default_path('sm90', 'bf16')}` or pass model=PATH")
-        self.digest = _digest("".join(_digest(p.read_bytes()) for p in self.paths.values())
+        self.model_paths = {pair: model_path(folder, *pair) for pair in self.paths
+                            if models and model_path(folder, *pair).is_file()}
+        self.digest = _digest("".join(_digest(p.read_bytes()) for p in
+                                      [*self.paths.values(), *self.model_paths.values()])
                               .encode())
         self._loaded: dict[tuple[str, str], Heuristics] = {}
+        self._models: dict[tuple[str, str], ModelHeuristics | None] = {}
 
     def lookup(self, problem: GemmProblem) -> tuple[tuple[KernelConfig, ...], bool]:
-        return self._file(problem).lookup(problem)
+        file = self._file(problem)
+        model = self._model(problem)
+        return file.exact_pick(problem) or (model or file).lookup(problem)
+
+    def _model(self, problem: GemmProblem) -> "ModelHeuristics | None":
+        """The packaged model of the problem's pair, loaded on first use; None without one."""
+        pair = (problem.arch, problem.dtype)
+        if pair not in self._models:
+            self._models[pair] = None
+            if pair in self.model_paths:
+                from .artifact import ModelError, load_model
+
+                try:
+                    self._models[pair] = ModelHeuristics(load_model(self.model_paths[pair],
+                                                                    *pair))
+                except (ModelError, ImportError) as e:
+                    log.warning("cutetune: the heuristics file's grid answers for %s/%s (%s)",
+                                *pair, e)
+        return self._models[pair]
 
     def swiglu_config(self, problem: GemmProblem) -> tuple[bool, KernelConfig | None]:
         return self._file(problem).swiglu_config(problem)
@@ -364,13 +423,15 @@ class ModelHeuristics:
     def __init__(self, model, top_k: int = FILE_TOP_K) -> None:
         self.model, self.top_k = model, top_k
         self.digest = f"model:{type(model).__qualname__}@{id(model):x}"
+        self._picks: dict[GemmProblem, Pick] = {}  # a graph asks again (by-M rungs, passes)
 
     def lookup(self, problem: GemmProblem) -> tuple[tuple[KernelConfig, ...], bool]:
-        ranked = self.model.rank(problem, top_k=self.top_k)
-        return tuple(c for c, _ in ranked[:self.top_k]), bool(self.model.prefers_cublas(problem))
-
-
-Pick = tuple[tuple[KernelConfig, ...], bool]  # configs best first, and whether to keep ATen
+        if problem not in self._picks:
+            configs = tuple(c for c, _ in self.model.rank(problem, top_k=self.top_k))
+            # the fallback judges the top-1: rank it alone rather than the space again
+            self._picks[problem] = configs, (
+                not configs or bool(self.model.prefers_cublas(problem, configs[:1])))
+        return self._picks[problem]
 
 
 def build(model, arch: str, dtype: str, top_k: int = FILE_TOP_K, grid: Grid = Grid(),

@@ -97,7 +97,7 @@ def test_gpu_times_round_trip_through_the_heuristics_file(tmp_path):
         def rank(self, problem, configs=None, top_k=None):
             return [(quack_default_config("sm90"), 1.0)]
 
-        def prefers_cublas(self, problem):
+        def prefers_cublas(self, problem, configs=None):
             return True
 
     h = hz.build(OneConfigModel(), "sm90", "bf16", grid=Grid(m=(1,), n=(64,), k=(64,)),

@@ -69,7 +69,7 @@ class FakeModel:
         ranked = [(KernelConfig(128, n, True, 1, 1, False, 8, 1, False), 1.0), (A, 2.0), (B, 3.0)]
         return ranked[:top_k]
 
-    def prefers_cublas(self, problem):
+    def prefers_cublas(self, problem, configs=None):
         return problem.m <= 2
 
 
@@ -221,6 +221,57 @@ def test_packaged_heuristics(tmp_path, monkeypatch):
         .lookup(P(64, 64, 64))
     with pytest.raises(HeuristicsError, match="sm100/bf16"):
         ph.lookup(P(64, 64, 64, arch="sm100"))
+
+
+def test_packaged_heuristics_ask_the_packaged_model_where_the_file_has_no_exact_entry(
+        tmp_path, monkeypatch):
+    """With a cost model beside the file, predicted mode's decision for a shape the file only
+    has a grid cell for comes from the model asked for that shape; a recorded problem keeps
+    the file's exact (measured) entry; without the model the grid answers."""
+    import cutetune.models.artifact as art
+
+    exact_p, unseen = P(3000, 4096, 4096), P(48, 3000, 80)
+    monkeypatch.setattr(hz, "DATA_DIR", tmp_path)
+    hz.build(FakeModel(), "sm90", "bf16", grid=SMALL, problems=[exact_p],
+             measured={exact_p.key(): ((B,), False)}).save(hz.default_path("sm90", "bf16"))
+    grid_only = hz.PackagedHeuristics()
+    model_file = hz.model_path(tmp_path, "sm90", "bf16")
+    model_file.write_bytes(b"model")
+    monkeypatch.setattr(art, "load_model", lambda path, arch, dtype: FakeModel())
+    ph = hz.PackagedHeuristics()
+    assert ph.digest != grid_only.digest  # the model is in the compiled graphs' cache key
+    want = FakeModel().rank(unseen, top_k=1)[0][0]
+    assert grid_only.lookup(unseen)[0][0] != want  # the grid cell's (64, 4096, 64) pick
+    assert ph.lookup(unseen)[0][0] == want
+    assert idec.decide(unseen, "predicted", ph, 1).configs == (want,)
+    assert idec.decide(P(2, 3000, 80), "predicted", ph, 1).reason == "the model prefers cuBLAS"
+    assert ph.lookup(exact_p) == ((B,), False)
+    assert hz.PackagedHeuristics(models=False).lookup(unseen) == grid_only.lookup(unseen)
+
+    def broken(path, arch, dtype):
+        raise art.ModelError("damaged")
+
+    monkeypatch.setattr(art, "load_model", broken)
+    assert hz.PackagedHeuristics().lookup(unseen) == grid_only.lookup(unseen)
+
+
+def test_the_shipped_predicted_source_ranks_unrecorded_shapes_with_the_shipped_model():
+    """``enable("predicted")``'s default source: the shipped model's answer for a shape the
+    shipped file has no exact entry for, the file's exact entry for a recorded one."""
+    from cutetune.models.artifact import load_model
+
+    installation = iin.enable("predicted")
+    try:
+        source = ich._SOURCES[installation.factory.source]
+    finally:
+        installation.disable()
+    model, unseen = hz.ModelHeuristics(load_model()), P(3000, 5000, 6000)
+    shipped = Heuristics.load(hz.default_path("sm90", "bf16"))
+    assert shipped.exact_pick(unseen) is None
+    assert source.lookup(unseen) == model.lookup(unseen)
+    recorded = [GemmProblem.from_key(k) for k in shipped.exact]
+    assert [source.lookup(p) for p in recorded] == [shipped.exact_pick(p) for p in recorded]
+    assert any(shipped.exact_pick(p) != model.lookup(p) for p in recorded)
 
 
 def test_cli_emit(tmp_path, monkeypatch):
@@ -1610,7 +1661,7 @@ class FixedModel:
     def rank(self, problem, configs=None, top_k=None):
         return [(c, float(i)) for i, c in enumerate((quack_default_config("sm90"), B, C))][:top_k]
 
-    def prefers_cublas(self, problem):
+    def prefers_cublas(self, problem, configs=None):
         return False
 
 

@@ -130,7 +130,7 @@ class OneConfigModel:
     def rank(self, problem, configs=None, top_k=None):
         return [(A, 1.0), (B, 2.0)]
 
-    def prefers_cublas(self, problem):
+    def prefers_cublas(self, problem, configs=None):
         return problem.m < 64
 
 

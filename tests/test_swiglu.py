@@ -450,7 +450,7 @@ def test_heuristics_file_carries_the_measured_fusions(tmp_path):
         def rank(self, problem, configs=None, top_k=None):
             return [(SPLIT, 1.0), (PLAIN, 2.0)][:top_k]
 
-        def prefers_cublas(self, problem):
+        def prefers_cublas(self, problem, configs=None):
             return True
 
     grid = hz.Grid(m=(1, 4096), n=(64, 16384), k=(64, 4096))

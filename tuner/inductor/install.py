@@ -281,7 +281,8 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
 
     ``model``: a heuristics file (``cutetune emit``), an object with ``lookup(problem)``, or a
     cost model with ``rank``/``prefers_cublas``; default: the heuristics packaged with
-    cutetune. ``top_k``: reduced-mode candidates (default REDUCED_TOP_K). ``feedback``: a
+    cutetune, which ask the cost model packaged beside them for a shape they have no exact
+    entry for (``PackagedHeuristics``). ``top_k``: reduced-mode candidates (default REDUCED_TOP_K). ``feedback``: a
     dataset folder that receives Inductor's reduced-mode timings. ``prefetch`` (reduced mode):
     compile each graph's candidate kernels in parallel worker processes, started now so they
     load while Dynamo traces (``cutetune.enable`` starts them before Inductor's import) and

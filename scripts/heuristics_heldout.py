@@ -1,0 +1,65 @@
+"""The heuristics file against its model on held-out problems (``models.file_heldout``): per
+CV fold of the dataset, a model trained as `cutetune train` trains the shipped one, without
+the fold; its top-1 and fallback decision, the file's from the same model (the grid of
+``--heuristics``), and cuBLAS, scored with the measured times.
+
+    python scripts/heuristics_heldout.py [--data data/inputs/h200_bf16]
+        [--heuristics cutetune/data/heuristics_sm90_bf16.json] [--objectives regression
+        rank:pairwise] [--folds 5] [--seed 0] --out FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from cutetune import progress
+from cutetune.models.data import load_measurements
+from cutetune.models.evaluate import group_kfold
+from cutetune.models.file_heldout import TARGETS, replay, summarize
+from cutetune.models.heuristics import Heuristics, default_path
+from cutetune.models.train import TrainOptions, train
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default="data/inputs/h200_bf16")
+    ap.add_argument("--heuristics", default=str(default_path("sm90", "bf16")),
+                    help="the file whose grid is replayed")
+    ap.add_argument("--objectives", nargs="+", default=["regression", "rank:pairwise"],
+                    help="objectives each fold's training chooses among (default: the time "
+                    "model and the shipped model's ranker)")
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", required=True, help="JSON result path")
+    args = ap.parse_args(argv)
+
+    data = load_measurements(args.data, "dense")
+    grid = Heuristics.load(args.heuristics).grid
+    options = TrainOptions(folds=args.folds, seed=args.seed, objectives=tuple(args.objectives),
+                           baselines=False, family_out=False, threads=args.threads)
+    splits = group_kfold(data.n_problems, args.folds, args.seed)
+    t0 = time.perf_counter()
+    with progress.bar(len(splits), "folds", unit="fold") as bar:
+        rep = replay(data, lambda sub: train(sub, options)[0], splits, grid, bar.update)
+    result = {"command": " ".join(["python scripts/heuristics_heldout.py", *(argv or sys.argv[1:])]),
+              "data": args.data, "heuristics": args.heuristics, "grid": grid.to_json(),
+              "options": {"folds": args.folds, "seed": args.seed,
+                          "objectives": args.objectives},
+              "targets": TARGETS, "summary": summarize(rep), "seconds": time.perf_counter() - t0,
+              "problems": [{"key": k, "model_ms": m, "model_aten": bool(ma), "file_ms": f,
+                            "file_aten": bool(fa), "cublas_ms": c, "on_grid": bool(g)}
+                           for k, m, ma, f, fa, c, g in zip(
+                               rep.keys, rep.model_ms.tolist(), rep.model_aten, rep.file_ms.tolist(),
+                               rep.file_aten, rep.cublas_ms.tolist(), rep.on_grid)]}
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1, allow_nan=True)
+    print(json.dumps(result["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
