@@ -330,3 +330,25 @@ def test_reduced_mode_benchmarks_the_top_k_among_inductors_candidates(monkeypatc
     # added (it ranks one config, whatever top_k)
     assert len(seen) == 3 and all(CONFIG.short() in names for names in seen)
     assert mm_grouped.autotune_select_algorithm is spy  # put back after each lowering
+
+
+def test_reduced_mode_without_a_model_leaves_inductor_its_own_lowering(tmp_path):
+    from cutetune.tuner.inductor import grouped
+
+    calls = []
+    lowering = grouped.ReducedLowering(lambda *args: calls.append(args) or "inductor's",
+                                       gmm.Picker(tmp_path / "none.json"), 2,
+                                       lambda device: "sm90")
+    a = torch.empty(64, 32, dtype=BF16)
+
+    class Node:  # what the lowering reads before Inductor lays the inputs out
+        def get_dtype(self):
+            return a.dtype
+
+        def get_device(self):
+            return a.device
+
+    assert lowering(Node(), Node(), Node()) == "inductor's" and len(calls) == 1
+    assert not gmm.Picker(tmp_path / "none.json").has_model("sm90", BF16)
+    assert gmm.Picker(Stub()).has_model("sm90", torch.bfloat16)
+    assert not gmm.Picker(Stub()).has_model("sm90", torch.float32)

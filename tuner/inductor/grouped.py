@@ -49,6 +49,9 @@ class ReducedLowering:
         args = (mat_a, mat_b, offs, bias, out_dtype, layout)
         if offs is None or bias is not None or out_dtype not in (None, mat_a.get_dtype()):
             return self.original(*args)
+        arch = self.arch(mat_a.get_device())
+        if arch is None or not self.picker.has_model(arch, mat_a.get_dtype()):
+            return self.original(*args)  # no quack candidates: Inductor's own choice
         from torch._inductor.kernel import mm_grouped
 
         select = mm_grouped.autotune_select_algorithm

@@ -70,6 +70,12 @@ class Picker:
             self.picks_[problem] = config
         return self.picks_[problem]
 
+    def has_model(self, arch: str, dtype) -> bool:
+        """Whether there is a model for grouped GEMMs of ``arch`` in ``dtype`` (a torch dtype
+        or its name)."""
+        name = problems.TORCH_DTYPES.get(dtype, dtype)
+        return name in problems.TORCH_DTYPES.values() and self._model_for(arch, name) is not None
+
     def ranked(self, problem: GroupedProblem, top_k: int) -> list[KernelConfig]:
         """The model's ``top_k`` configs for ``problem`` (reduced mode benchmarks them beside
         ATen, so no fallback here); none without a model."""
