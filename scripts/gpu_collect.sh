@@ -18,6 +18,8 @@
 #                  -> $OUT/moe_block_h200.json, $OUT/moe_gemms_h200.json
 #   compile_ab     scripts/compile_time_ab.py: the compile helper against quack's compile pool
 #                  -> $OUT/compile_time_ab_h200.json
+#   cudagraphs     scripts/bench_cudagraphs.py: small M with and without CUDA graphs
+#                  -> $OUT/cudagraphs_small_m_h200.json
 # Data and quack's kernel cache live under /tmp so they survive between calls on one warm
 # machine; each stage ends by packing the dataset into $OUT.
 set -uo pipefail
@@ -73,6 +75,9 @@ for stage in "$@"; do
     compile_ab)
       python scripts/compile_time_ab.py --repeats 2 --variants helper quack_pool \
         --out "$OUT/compile_time_ab_h200.json" 2>&1 | tail -n 15 ;;
+    cudagraphs)
+      python scripts/bench_cudagraphs.py --out "$OUT/cudagraphs_small_m_h200.json" \
+        --budget-s "$(left 60)" 2>&1 | tail -n 30 ;;
     repeat)
       python -m cutetune collect --problems train --configs sample:20 --limit-problems 30 \
         --out "$ROOT/h200_bf16_repeat" --time-budget "$(left 30)" \
