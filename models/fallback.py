@@ -1,4 +1,5 @@
-"""When to run ATen instead of the model's pick: a calibrated quantile of the pick's slowdown.
+"""When to run ATen instead of the model's pick: a calibrated quantile of the pick's slowdown,
+or a classifier's probability that the pick is faster.
 
 ATen is the problem kind's baseline (``kinds.ProblemKind.baseline``): torch.mm, which runs
 cuBLAS, for a dense GEMM, and torch._grouped_mm for a grouped one; "cuBLAS" below stands for
@@ -7,11 +8,16 @@ cost model's top-1 chosen WITHOUT having seen the problem (an out-of-fold pick):
 pick would be too good and the fallback too bold. The inputs are the problem-only features and
 the cost model's predicted log time of its pick.
 
-A small XGBoost regression predicts the target; its ``quantile`` quantile is that prediction
-plus the ``quantile`` quantile of its own out-of-fold residuals (split-conformal calibration:
-with a few hundred problems a directly fitted quantile model comes out badly calibrated).
-Predicted mode falls back to cuBLAS unless that quantile is below zero, i.e. unless the model
-is ``quantile``-confident that its pick beats cuBLAS.
+Objective "quantile": a small XGBoost regression predicts the target; its ``quantile``
+quantile is that prediction plus the ``quantile`` quantile of its own out-of-fold residuals
+(split-conformal calibration: with a few hundred problems a directly fitted quantile model
+comes out badly calibrated). Predicted mode falls back to cuBLAS unless that quantile is below
+zero, i.e. unless the model is ``quantile``-confident that its pick beats cuBLAS.
+
+Objective "classifier": a small XGBoost classifier predicts P(t_pick < t_cuBLAS); predicted
+mode falls back unless it exceeds ``quantile``. Where the pick wins and loses by a few percent
+(dense GEMMs), the regression's residual spread swamps the margin and its quantile keeps
+cuBLAS nearly everywhere; the sign alone is what the decision needs.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ if TYPE_CHECKING:  # imported where used: `cutetune --help` needs neither
     import xgboost as xgb
 
 CALIBRATION_FOLDS = 5
+OBJECTIVES = ("quantile", "classifier")
 REGRESSION = 0.02  # a choice this much slower than cuBLAS counts as a regression (> noise)
 
 
@@ -38,18 +45,25 @@ class CublasFallback:
     """The fallback model (named for a dense GEMM's baseline; a grouped model's compares its
     pick with torch._grouped_mm the same way)."""
 
-    quantile: float = 0.75
+    quantile: float = 0.75  # a classifier's: the least P(pick faster) that runs the pick
     n_estimators: int = 100
     max_depth: int = 3
     learning_rate: float = 0.05
     seed: int = 0
     offset: float = 0.0  # the quantile of the out-of-fold residuals, set by fit
+    objective: str = "quantile"  # OBJECTIVES (files older than the field: "quantile")
     booster: xgb.Booster | None = field(default=None, repr=False)
 
-    def _train(self, X: np.ndarray, y: np.ndarray) -> xgb.Booster:
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"unknown fallback objective {self.objective!r}; known: "
+                             f"{', '.join(OBJECTIVES)}")
+
+    def _train(self, X: np.ndarray, y: np.ndarray, objective: str = "reg:squarederror"
+               ) -> xgb.Booster:
         import xgboost as xgb
 
-        params = {"objective": "reg:squarederror", "max_depth": self.max_depth,
+        params = {"objective": objective, "max_depth": self.max_depth,
                   "eta": self.learning_rate, "seed": self.seed, "nthread": 1,
                   "tree_method": "hist"}
         return xgb.train(params, xgb.DMatrix(X, label=y), num_boost_round=self.n_estimators)
@@ -62,6 +76,9 @@ class CublasFallback:
             raise ValueError(f"the ATen fallback needs >= {CALIBRATION_FOLDS} problems with "
                              f"both a pick and an ATen time, got {int(ok.sum())}")
         X, y = X[ok], log_ratio[ok]
+        if self.objective == "classifier":
+            self.booster = self._train(X, (y < 0).astype(np.float32), "binary:logistic")
+            return self
         folds = np.array_split(np.random.default_rng(self.seed).permutation(len(y)),
                                CALIBRATION_FOLDS)
         residual = np.empty(len(y))
@@ -73,15 +90,18 @@ class CublasFallback:
         return self
 
     def predict(self, X: np.ndarray) -> np.ndarray:
-        """The ``quantile`` quantile of log(t_pick / t_cuBLAS): > 0 means fall back."""
+        """The ``quantile`` quantile of log(t_pick / t_cuBLAS), a classifier's ``quantile``
+        less P(pick faster): > 0 means fall back."""
         if self.booster is None:
             raise RuntimeError("CublasFallback.predict before fit")
-        return self.booster.inplace_predict(X).astype(np.float64) + self.offset
+        y = self.booster.inplace_predict(X).astype(np.float64)
+        return self.quantile - y if self.objective == "classifier" else y + self.offset
 
     def to_dict(self) -> dict:
         raw = bytes(self.booster.save_raw(raw_format="ubj"))
         return {"params": {k: getattr(self, k) for k in ("quantile", "n_estimators", "max_depth",
-                                                          "learning_rate", "seed", "offset")},
+                                                          "learning_rate", "seed", "offset",
+                                                          "objective")},
                 "booster_ubj_base64": base64.b64encode(raw).decode("ascii")}
 
     @classmethod
@@ -101,7 +121,8 @@ class FallbackOutcome:
 
     quantile: float
     fallback_rate: float
-    coverage: float            # share of problems whose true log ratio is <= the predicted quantile
+    coverage: float            # share of problems whose true log ratio is <= the predicted
+                               # quantile (nan for a classifier: it predicts no quantile)
     speedup_vs_cublas: float   # always-cuBLAS time / chosen time
     speedup_vs_top1: float     # always-top-1 time / chosen time
     top1_vs_cublas: float      # always-cuBLAS time / always-top-1 time (no fallback)
@@ -111,8 +132,10 @@ class FallbackOutcome:
     worst_vs_cublas: float     # the least t_cuBLAS / t_chosen over the problems
 
 
-def outcome(quantile: float, predicted: np.ndarray, log_ratio: np.ndarray) -> FallbackOutcome:
-    """Effect of falling back where ``predicted`` > 0, on problems with a finite ``log_ratio``."""
+def outcome(quantile: float, predicted: np.ndarray, log_ratio: np.ndarray,
+            objective: str = "quantile") -> FallbackOutcome:
+    """Effect of falling back where ``predicted`` > 0, on problems with a finite ``log_ratio``
+    (``predicted`` from a fallback of ``objective``)."""
     ok = np.isfinite(log_ratio)
     q, r = predicted[ok], log_ratio[ok]
     fall = q > 0
@@ -120,7 +143,7 @@ def outcome(quantile: float, predicted: np.ndarray, log_ratio: np.ndarray) -> Fa
     gm = lambda x: float(np.exp(np.mean(x))) if len(x) else float("nan")  # noqa: E731
     return FallbackOutcome(
         quantile=quantile, fallback_rate=float(fall.mean()) if len(r) else float("nan"),
-        coverage=float(np.mean(r <= q)) if len(r) else float("nan"),
+        coverage=float(np.mean(r <= q)) if len(r) and objective == "quantile" else float("nan"),
         speedup_vs_cublas=gm(-chosen), speedup_vs_top1=gm(r - chosen), top1_vs_cublas=gm(-r),
         oracle_vs_cublas=gm(-np.minimum(r, 0.0)),
         regressed=float(np.mean(chosen > np.log1p(REGRESSION))) if len(r) else float("nan"),

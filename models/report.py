@@ -165,11 +165,13 @@ def markdown(ev: Evaluation, metadata: dict, plots: list[str], note: str) -> str
         out += _table(["held-out family"] + methods, rows) + [""]
 
     if ev.fallback:
+        rule = (f"the fallback model's q-quantile of log(t_top1 / t_{base}) is below 0"
+                if ev.fallback_objective == "quantile" else
+                f"the fallback classifier's P(t_top1 < t_{base}) exceeds q")
         out += [f"## {base} fallback", "",
-                f"Predicted mode runs {base} unless the fallback model's q-quantile of "
-                f"log(t_top1 / t_{base}) is below 0. Judged on held-out problems (K-fold over "
-                "problems on out-of-fold picks). Speedups are geomeans of time ratios; worst "
-                f"is the least t_{base} / t_chosen over the problems.", ""]
+                f"Predicted mode runs {base} unless {rule}. Judged on held-out problems (K-fold "
+                "over problems on out-of-fold picks). Speedups are geomeans of time ratios; "
+                f"worst is the least t_{base} / t_chosen over the problems.", ""]
         cells = lambda o: [_pct(o.fallback_rate), _f(o.speedup_vs_cublas),  # noqa: E731
                            _f(o.worst_vs_cublas), _f(o.speedup_vs_top1), _f(o.top1_vs_cublas),
                            _f(o.oracle_vs_cublas), _pct(o.regressed), str(o.problems)]
@@ -244,6 +246,7 @@ def metrics_json(ev: Evaluation, metadata: dict) -> dict:
             "leave_family_out": ev.lofo_summary,
             "fallback": [o.__dict__ for o in ev.fallback],
             "fallback_quantile": ev.fallback_quantile,
+            "fallback_objective": ev.fallback_objective,
             "fallback_by_bucket": {b: o.__dict__ for b, o in ev.fallback_by_bucket.items()},
             "targets": targets(ev)}
 

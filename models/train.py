@@ -39,15 +39,18 @@ RANKER_MARGIN = 0.005
 class KindDefaults:
     """Options whose default differs by problem kind (see docs/grouped.md for the evidence)."""
 
-    fallback_quantile: float
+    fallback_quantile: float  # a classifier's: its threshold (fallback.CublasFallback)
+    fallback_objective: str  # fallback.OBJECTIVES
     # weight of the time model's log time added to a ranking objective's score (0: no blend)
     timer_weight: float
 
 
 # Grouped problems: few measured configs per dgrad/wgrad problem, where the ranking objective
 # alone misorders, and a torch._grouped_mm that is near the best on large problems, where a
-# bolder fallback quantile loses to it.
-KIND_DEFAULTS = {"dense": KindDefaults(0.75, 0.0), "grouped": KindDefaults(0.9, 4.0)}
+# bolder fallback quantile loses to it. Dense problems: a top-1 within a few percent of cuBLAS
+# either way, where the classifier decides better than the regression's quantile.
+KIND_DEFAULTS = {"dense": KindDefaults(0.75, "classifier", 0.0),
+                 "grouped": KindDefaults(0.9, "quantile", 4.0)}
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class TrainOptions:
     baselines: bool = True
     family_out: bool = True
     fallback_quantile: float | None = None  # None: the kind's (KIND_DEFAULTS)
+    fallback_objective: str | None = None  # None: the kind's (KIND_DEFAULTS)
     timer_weight: float | None = None  # None: the kind's (KIND_DEFAULTS)
     threads: int = 1  # per fit; more only pays on an otherwise idle machine
 
@@ -68,6 +72,7 @@ class TrainOptions:
         d = KIND_DEFAULTS[kind]
         return replace(self, fallback_quantile=d.fallback_quantile
                        if self.fallback_quantile is None else self.fallback_quantile,
+                       fallback_objective=self.fallback_objective or d.fallback_objective,
                        timer_weight=d.timer_weight if self.timer_weight is None
                        else self.timer_weight)
 
@@ -91,6 +96,7 @@ class Evaluation:
     lofo_summary: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     fallback: list[FallbackOutcome] = field(default_factory=list)
     fallback_quantile: float | None = None
+    fallback_objective: str = "quantile"
     # the shipped quantile's outcome on the problems of each size bucket
     fallback_by_bucket: dict[str, FallbackOutcome] = field(default_factory=dict)
 
@@ -154,6 +160,7 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
         fallback, ev.fallback, ev.fallback_by_bucket = _fallback(data, device, cv, chosen, splits,
                                                                  options)
         ev.fallback_quantile = options.fallback_quantile
+        ev.fallback_objective = options.fallback_objective
     metadata = {
         "objective": ranker.objective, "timer_weight": timer_weight, "trained_on": {
             "problems": data.n_problems, "rows": len(data.time_ms), "device": data.device_name,
@@ -209,19 +216,22 @@ def _fallback(data: Measurements, device, cv: dict[str, HeldOut], chosen: str, s
     Xf = fallback_inputs(problem_descriptors(data.problems, device, data.kind),
                          timer_scores[picks.top1_row])
     log_ratio = np.log(picks.top1_ms / data.cublas_ms)
+    objective = options.fallback_objective
     outcomes, by_bucket = [], {}
     for q in sorted(set(FALLBACK_QUANTILES) | {options.fallback_quantile}):
         pred = np.full(data.n_problems, np.nan)
         for train, test in splits:
             ok = train[np.isfinite(log_ratio[train])]
             if ok.size:
-                pred[test] = CublasFallback(q, seed=options.seed).fit(
+                pred[test] = CublasFallback(q, seed=options.seed, objective=objective).fit(
                     Xf[ok], log_ratio[ok]).predict(Xf[test])
-        outcomes.append(outcome(q, pred, log_ratio))
+        outcomes.append(outcome(q, pred, log_ratio, objective))
         if q == options.fallback_quantile:
-            by_bucket = {name: outcome(q, pred[mask], log_ratio[mask]) for name, mask in
+            by_bucket = {name: outcome(q, pred[mask], log_ratio[mask], objective)
+                         for name, mask in
                          bucket_masks(data.m, data.kind.buckets, data.kind.bucket_label).items()}
-    final = CublasFallback(options.fallback_quantile, seed=options.seed).fit(Xf, log_ratio)
+    final = CublasFallback(options.fallback_quantile, seed=options.seed,
+                           objective=objective).fit(Xf, log_ratio)
     return final, outcomes, by_bucket
 
 

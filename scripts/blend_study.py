@@ -28,6 +28,22 @@ from cutetune.models.methods import xgb_methods
 from cutetune.space.device import device_for
 
 
+def load(path: str, kind: str):
+    """The measurements, their row features and their problem descriptors."""
+    data = load_measurements(path, kind)
+    device = device_for(data.device_name)
+    return (data, dataset_features(data, device),
+            problem_descriptors(data.problems, device, data.kind))
+
+
+def out_of_fold(data, X: np.ndarray, splits, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Out-of-fold row scores of the pairwise ranker and of the regression (log ms)."""
+    params = {"n_estimators": BoosterModel.n_estimators, "max_depth": BoosterModel.max_depth,
+              "kind": data.kind.name}
+    return tuple(held_out_scores(data, X, m, splits, seed).row_scores for m in
+                 xgb_methods(("rank:pairwise", "regression"), seed, **params))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="data/inputs/h200_bf16_grouped")
@@ -40,18 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="JSON result path")
     args = ap.parse_args(argv)
 
-    data = load_measurements(args.data, args.kind)
-    device = device_for(data.device_name)
-    X = dataset_features(data, device)
-    desc = problem_descriptors(data.problems, device, data.kind)
-    params = {"n_estimators": BoosterModel.n_estimators, "max_depth": BoosterModel.max_depth,
-              "kind": data.kind.name}
+    data, X, desc = load(args.data, args.kind)
     runs = []
     for pair in args.seeds:
         split_seed, seed = map(int, pair.split(":"))
         splits = group_kfold(data.n_problems, args.folds, split_seed)
-        ranker, timer = (held_out_scores(data, X, m, splits, seed).row_scores for m in
-                         xgb_methods(("rank:pairwise", "regression"), seed, **params))
+        ranker, timer = out_of_fold(data, X, splits, seed)
         for w in args.weights:
             ps = score_problems(data.time_ms, ranker + w * timer, data.group, data.m,
                                 data.cublas_ms, seed=seed)

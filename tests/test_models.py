@@ -510,6 +510,29 @@ def test_fallback_quantile_is_calibrated():
     np.testing.assert_array_equal(again.predict(X[:5]), model.predict(X[:5]))
 
 
+def test_fallback_classifier_runs_the_pick_where_it_is_likely_faster():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(600, 3)).astype(np.float32)
+    y = 0.3 * X[:, 0] + rng.normal(0, 0.1, 600)  # the pick wins where X[:, 0] < 0
+    model = CublasFallback(quantile=0.75, objective="classifier").fit(X[:300], y[:300])
+    falls_back = model.predict(X[300:]) > 0
+    assert np.mean(falls_back == (X[300:, 0] > 0)) > 0.85
+    assert np.mean(y[300:][~falls_back] < 0) > 0.9  # runs the pick mostly where it wins
+    again = CublasFallback.from_dict(model.to_dict())
+    np.testing.assert_array_equal(again.predict(X[:5]), model.predict(X[:5]))
+
+
+def test_fallback_files_without_an_objective_load_as_the_quantile_model():
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(50, 2)).astype(np.float32), rng.normal(size=50)
+    d = CublasFallback(n_estimators=2).fit(X, y).to_dict()
+    del d["params"]["objective"]
+    assert CublasFallback.from_dict(d).objective == "quantile"
+    d["params"]["objective"] = "ranker"
+    with pytest.raises(ValueError, match="unknown fallback objective"):
+        CublasFallback.from_dict(d)
+
+
 SHIPPED_DATASET = Path(__file__).resolve().parents[1] / "data" / "inputs" / "h200_bf16"
 # Floors for the small CI model (100 trees, 3 folds), a couple of points under what it reaches;
 # the full model's numbers are in data/reports/model_h200_bf16/metrics.json.

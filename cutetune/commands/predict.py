@@ -72,7 +72,7 @@ def _run(args: argparse.Namespace) -> int:
               f"{problem.flops / ms / 1e9:>8.1f}")
     if margin is not None:
         verdict = f"use {kind.baseline}" if margin > 0 else "use the top-1 config"
-        print(f"fallback: {verdict} (quantile of log(t_top1/t_{kind.baseline}) = {margin:+.3f})")
+        print(f"fallback: {verdict} (margin {margin:+.3f}: > 0 runs {kind.baseline})")
     return 0
 
 

@@ -12,6 +12,7 @@ from ..artifacts import check_writable, check_writable_dir
 from ..models.artifact import CostModel
 from ..models.data import dataset_sha256, load_measurements
 from ..models.dataset import DatasetError
+from ..models.fallback import OBJECTIVES
 from ..models.kinds import KINDS
 from ..models.train import KIND_DEFAULTS, Evaluation, TrainOptions, train
 
@@ -69,9 +70,14 @@ def add_arguments(p: argparse.ArgumentParser, dataset: str | None = None, out: s
     p.add_argument("--no-family-out", action="store_true",
                    help="skip the leave-one-family-out evaluation")
     p.add_argument("--fallback-quantile", type=float, default=d.fallback_quantile,
-                   help="quantile of the ATen fallback (default: the kind's, "
+                   help="quantile of the ATen fallback, a classifier's threshold (default: the kind's, "
                         + ", ".join(f"{k} {v.fallback_quantile:g}" for k, v in KIND_DEFAULTS.items())
                         + ")")
+    p.add_argument("--fallback-objective", choices=OBJECTIVES, default=d.fallback_objective,
+                   help="the ATen fallback's model: a calibrated quantile of the pick's slowdown, "
+                        "or a classifier whose P(pick faster) must exceed --fallback-quantile "
+                        "(default: the kind's, " + ", ".join(
+                            f"{k} {v.fallback_objective}" for k, v in KIND_DEFAULTS.items()) + ")")
     p.add_argument("--timer-weight", type=float, default=d.timer_weight,
                    help="add this times the time model's log time to a ranking objective's "
                         "score, a blend tried beside each ranker (0: none; default: the kind's, "
@@ -91,6 +97,7 @@ def options_from(args: argparse.Namespace) -> TrainOptions:
                         max_depth=args.depth, objectives=objectives,
                         baselines=not args.no_baselines, family_out=not args.no_family_out,
                         fallback_quantile=args.fallback_quantile,
+                        fallback_objective=args.fallback_objective,
                         timer_weight=args.timer_weight, threads=args.threads)
 
 
