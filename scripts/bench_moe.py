@@ -15,7 +15,9 @@ the host time of one eager call at 128 tokens, torch._grouped_mm against cutetun
 ``block``: the MoE block (router softmax and top-k, token permutation, grouped gate+up,
 SwiGLU, grouped down, weighted unpermute) in one mode: eager (torch._grouped_mm),
 cutetune_eager (cutetune.grouped_mm), default (torch.compile), predicted (cutetune predicted
-mode) or max-autotune (max-autotune-no-cudagraphs). Compiled once per phase with a dynamic
+mode), reduced (cutetune reduced mode: with the block's dynamic token count its grouped
+GEMMs get predicted mode's table per range, and its dense GEMMs the benchmarked top-k) or
+max-autotune (max-autotune-no-cudagraphs). Compiled once per phase with a dynamic
 token count; forward (inference) and forward+backward (training); step time median with p20
 and p80; compile seconds (the first call; predicted mode's calls run ATen until the compile
 helper has built its kernels, whose wait is recorded apart); relative error against the block
@@ -42,7 +44,7 @@ from cutetune.space.suites import MOE_MODELS, expert_gemm, expert_projections, r
 
 MODELS = ("deepseek_v3", "qwen3_30b_a3b")
 TOKENS = (128, 1024, 8192, 32768)
-MODES = ("eager", "cutetune_eager", "default", "predicted", "max-autotune")
+MODES = ("eager", "cutetune_eager", "default", "predicted", "reduced", "max-autotune")
 GEMMS = ("fwd", "dgrad", "wgrad")
 MAX_AUTOTUNE_TOKENS = (1024, 8192)  # max-autotune's compile takes 10-20 s a GEMM: a subset
 
@@ -220,7 +222,7 @@ def _fp32_grouped(a, b, offs):
 def block_step(torch, module, mode: str, train: bool):
     """``step(x, gy)``: the block's forward (under no_grad) or forward and backward, the
     module compiled as ``mode`` says (eager modes: as it is)."""
-    compile_mode = {"default": "default", "predicted": "default",
+    compile_mode = {"default": "default", "predicted": "default", "reduced": "default",
                     "max-autotune": "max-autotune-no-cudagraphs"}.get(mode)
     forward = module if compile_mode is None else torch.compile(module, mode=compile_mode)
 
@@ -247,7 +249,8 @@ def block(args) -> dict:
     grouped = cutetune.grouped_mm if args.mode == "cutetune_eager" else (
         lambda a, b, offs: torch._grouped_mm(a, b, offs=offs))
     module = moe_block(torch, layer, grouped)
-    installation = cutetune.enable("predicted") if args.mode == "predicted" else None
+    installation = (cutetune.enable(args.mode) if args.mode in ("predicted", "reduced")
+                    else None)
     result = {"model": args.model, "mode": args.mode, "layer": layer._asdict(), "phases": {}}
     tokens = [int(t) for t in args.tokens.split(",")]
     for phase in args.phases.split(","):
@@ -263,7 +266,7 @@ def block(args) -> dict:
             y = fn(x, gy)
             torch.cuda.synchronize()
             row = {"tokens": t, "first_call_s": time.perf_counter() - t0}
-            if args.mode == "predicted":  # until the compile helper has built the kernels,
+            if installation is not None:  # until the compile helper has built the kernels,
                 row["helper_wait_s"] = _helper_wait()  # calls run ATen: not timed
             if t == tokens[0]:
                 row["rel_err_vs_fp32"] = rel_err_fp32(torch, module, x, y)
