@@ -1,16 +1,18 @@
 """MoE expert GEMMs on the GPU: cutetune's grouped GEMMs against torch._grouped_mm and
 Inductor's max-autotune, one GEMM at a time and in a whole MoE block.
 
-    python scripts/bench_moe.py gemms --out FILE [--max-autotune N]
+    python scripts/bench_moe.py gemms --out FILE [--max-autotune N] [--routings skewed,balanced]
     python scripts/bench_moe.py block --model M --mode MODE --out FILE
     python scripts/bench_moe.py run --out DIR [--budget-s S]
 
 ``gemms``: every grouped GEMM of the block (gate+up and down; forward, input and weight
-gradients) of DeepSeek-V3 and Qwen3-30B-A3B at each token count, on Dirichlet-skewed routing:
-torch._grouped_mm and the predicted pick (the shipped model's top-1, or ATen where its fallback
-says so), timed L2-cold by the dataset's harness (``tuner.measure.timing.time_launches``); for
-the first N forward GEMMs at 1024 and 8192 tokens also Inductor's max-autotune choice, with its compile seconds; and
-the host time of one eager call at 128 tokens, torch._grouped_mm against cutetune.grouped_mm.
+gradients) of DeepSeek-V3 and Qwen3-30B-A3B at each token count, on each of ``--routings``
+(``space.suites.ROUTINGS``: balanced is near what the block's router of random weights gives,
+skewed a Dirichlet draw): torch._grouped_mm and the predicted pick (the shipped model's top-1,
+or ATen where its fallback says so), timed L2-cold by the dataset's harness
+(``tuner.measure.timing.time_launches``); for the first N forward GEMMs at 1024 and 8192
+tokens also Inductor's max-autotune choice, with its compile seconds; and the host time of one
+eager call at 128 tokens, torch._grouped_mm against cutetune.grouped_mm.
 
 ``block``: the MoE block (router softmax and top-k, token permutation, grouped gate+up,
 SwiGLU, grouped down, weighted unpermute) in one mode: eager (torch._grouped_mm),
@@ -30,6 +32,7 @@ DIR/moe_block_h200.json (with speedups against default) and DIR/moe_gemms_h200.j
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -40,7 +43,8 @@ import time
 
 import numpy as np
 
-from cutetune.space.suites import MOE_MODELS, expert_gemm, expert_projections, routing_counts
+from cutetune.space.suites import (MOE_MODELS, ROUTINGS, expert_gemm, expert_projections,
+                                   routing_counts)
 
 MODELS = ("deepseek_v3", "qwen3_30b_a3b")
 TOKENS = (128, 1024, 8192, 32768)
@@ -66,19 +70,22 @@ def gemms(args) -> dict:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     policy = TimingPolicy(warmup=3, min_reps=10, max_reps=50, target_ms=20.0)
     pick, rows, autotuned = picker().pick, [], 0
+    routings = args.routings.split(",")
+    if not set(routings) <= set(ROUTINGS):
+        raise SystemExit(f"--routings: each of {', '.join(ROUTINGS)}, got {args.routings!r}")
     deadline = time.time() + args.budget_s
     for model in args.models.split(","):
         layer = MOE_MODELS[model]
-        for tokens in TOKENS:
+        for tokens, routing in itertools.product(TOKENS, routings):
             for proj, (n, k) in expert_projections(layer).items():
                 for gemm in GEMMS:
                     if time.time() > deadline:
                         break
                     p = expert_gemm(gemm, layer.experts, tokens * layer.top_k, n, k)
-                    counts = routing_counts(p.experts, tokens * layer.top_k, "skewed")
+                    counts = routing_counts(p.experts, tokens * layer.top_k, routing)
                     buf = GroupedBuffers(p, counts, l2)
                     row = {"model": model, "tokens": tokens, "proj": proj, "gemm": gemm,
-                           "problem": p.key()}
+                           "routing": routing, "problem": p.key()}
                     times, err = time_launches(
                         lambda a, b, d, cu, offs: torch._grouped_mm(a, b, offs=offs), buf, policy)
                     row["aten_ms"], row["aten_err"] = _quantiles(times), err
@@ -104,19 +111,24 @@ def gemms(args) -> dict:
                     rows.append(row)
                     del buf
                     torch.cuda.empty_cache()
+    models = args.models.split(",")
+    return {"rows": rows, "complete": len(rows) == (len(models) * len(TOKENS) * len(routings)
+                                                   * 2 * len(GEMMS)),
+            "host_us_at_128_tokens": _host_us(torch), "summary": _gemm_summary(rows),
+            "by_routing": {r: _gemm_summary([x for x in rows if x["routing"] == r])
+                           for r in routings}}
+
+
+def _gemm_summary(rows) -> dict:
     speedups = [r["predicted_over_aten"] for r in rows]
     over_ma = [r["predicted_over_max_autotune"] for r in rows if
                "predicted_over_max_autotune" in r]
-    models = args.models.split(",")
-    return {"rows": rows, "complete": len(rows) == len(models) * len(TOKENS) * 2 * len(GEMMS),
-            "host_us_at_128_tokens": _host_us(torch),
-            "summary": {
-                "predicted_over_aten_geomean": _geomean(speedups),
-                "predicted_over_aten_min": min(speedups),
-                "predicted_over_max_autotune_geomean": _geomean(over_ma) if over_ma else None,
-                "predicted_over_max_autotune_min": min(over_ma) if over_ma else None,
-                "max_autotune_compile_s": [r["max_autotune_compile_s"] for r in rows
-                                           if "max_autotune_compile_s" in r]}}
+    return {"predicted_over_aten_geomean": _geomean(speedups) if speedups else None,
+            "predicted_over_aten_min": min(speedups, default=None),
+            "predicted_over_max_autotune_geomean": _geomean(over_ma) if over_ma else None,
+            "predicted_over_max_autotune_min": min(over_ma, default=None),
+            "max_autotune_compile_s": [r["max_autotune_compile_s"] for r in rows
+                                       if "max_autotune_compile_s" in r]}
 
 
 def _geomean(x) -> float:
@@ -347,7 +359,7 @@ def run(args) -> None:
     left = start + args.budget_s - time.time()
     if args.gemms_s > 0 and left > 60:
         gemm_args = argparse.Namespace(max_autotune=args.max_autotune, budget_s=left - 30,
-                                       models=",".join(MODELS))
+                                       models=",".join(MODELS), routings=args.routings)
         with open(os.path.join(args.out, "moe_gemms_h200.json"), "w") as f:
             json.dump({"command": " ".join(sys.argv), **gemms(gemm_args)}, f, indent=1)
 
@@ -399,6 +411,7 @@ def main() -> None:
     g.add_argument("--max-autotune", type=int, default=8)
     g.add_argument("--budget-s", type=float, default=300)
     g.add_argument("--models", default=",".join(MODELS))
+    g.add_argument("--routings", default="skewed,balanced")
     b = sub.add_parser("block")
     b.add_argument("--model", choices=MODELS, required=True)
     b.add_argument("--mode", choices=MODES, required=True)
@@ -413,6 +426,7 @@ def main() -> None:
     r.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     r.add_argument("--phases", default="fwd,train")
     r.add_argument("--max-autotune", type=int, default=8)
+    r.add_argument("--routings", default="skewed,balanced")
     r.add_argument("--gemms-s", type=float, default=150,
                    help="seconds of the budget kept for the GEMMs (0: none)")
     args = ap.parse_args()
