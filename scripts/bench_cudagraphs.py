@@ -21,8 +21,11 @@ so max-autotune's second compile reuses its benchmark. The result file is rewrit
 each M with what is done; an M that the --budget-s cannot cover is recorded as skipped.
 
   python scripts/bench_cudagraphs.py --out data/bench/cudagraphs_small_m_h200.json
-      [--ms 1 16 128 256 4 64] [--layers 2] [--rounds 10] [--budget-s 470]
+      [--ms 1 16 128 256 4 64] [--layers 2] [--rounds 10] [--budget-s 470] [--resume FILE]
   python scripts/bench_cudagraphs.py --plan      # what would run, no GPU
+
+``--resume FILE`` keeps the Ms that an earlier call's result file timed completely and runs the
+rest, so that one grid can span calls on the GPU host.
 """
 
 from __future__ import annotations
@@ -224,6 +227,19 @@ def plan(elapsed_s: float, budget_s: float, seen_s: list[float]) -> tuple[bool, 
     return need <= left, f"~{need:.0f} s needed, {max(left, 0):.0f} s left"
 
 
+def resumed(path: Path | None) -> tuple[list[dict], dict | None]:
+    """The Ms an earlier result file timed completely (kept, not rerun: each M's modes were
+    compared in one process, so Ms from two processes sit side by side), and its meta."""
+    if path is None:
+        return [], None
+    try:
+        earlier = json.loads(path.read_text())
+        kept = [r for r in earlier["per_m"] if r.get("status") == "ok"]
+        return kept, earlier["meta"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SystemExit(f"--resume {path}: not a bench_cudagraphs.py result file ({e})")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("data/bench/cudagraphs_small_m_h200.json"))
@@ -232,10 +248,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--budget-s", type=float, default=470.0,
                     help="start no M whose expected time would cross this")
+    ap.add_argument("--resume", type=Path,
+                    help="an earlier run's result file: its completed Ms are kept, not rerun")
     ap.add_argument("--plan", action="store_true", help="print what would run; no GPU")
     args = ap.parse_args(argv)
+    measured, earlier_meta = resumed(args.resume)
+    done = {r["m"] for r in measured}
     if args.plan:
-        print(json.dumps({"ms": args.ms, "layers": args.layers, "rounds": args.rounds,
+        print(json.dumps({"ms": [m for m in args.ms if m not in done], "kept": sorted(done),
+                          "layers": args.layers, "rounds": args.rounds,
                           "groups": groups(), "budget_s": args.budget_s}, indent=1))
         return 0
     started = time.perf_counter()
@@ -257,8 +278,11 @@ def main(argv=None) -> int:
                       "'reduce-overhead'); max-autotune as mode='max-autotune'",
                       "no_cudagraphs": "max-autotune: max_autotune, GEMM backends ATEN,TRITON; "
                       "-gputime: QUACK_LAUNCH_HOST_US 0"}}
-    measured, seen = [], []
-    for m in args.ms:
+    if earlier_meta is not None:
+        meta["resumed"] = {"from": str(args.resume), "kept_ms": sorted(done),
+                           "meta": earlier_meta}
+    seen = []
+    for m in (m for m in args.ms if m not in done):
         fits, why = plan(time.perf_counter() - started, args.budget_s, seen)
         if not fits:
             measured.append({"m": m, "status": "skipped", "reason": f"budget: {why}"})
@@ -273,21 +297,28 @@ def main(argv=None) -> int:
             measured[-1]["wall_s"] = round(seen[-1], 1)
             torch._dynamo.reset()
             torch.cuda.empty_cache()
-        meta["total_s"] = round(time.perf_counter() - started, 1)
-        meta["complete"] = len(measured) == len(args.ms) and all(
-            r["status"] == "ok" for r in measured)
-        res = report(meta, measured)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(res, indent=1))
-        tmp.replace(args.out)
+        res = _write(args, meta, measured, started, done)
         r = measured[-1]
         print(f"M={m}: {r['status']} {r.get('reason', '')} "
               + json.dumps({g: {k: v["median"] for k, v in r.get(g, {}).items()}
                             for g in groups()}), flush=True)
+    res = _write(args, meta, measured, started, done)
     print(json.dumps({"targets": res["targets"],
                       "host_cost_machinery": res["host_cost_machinery"]}, indent=1))
     return 0
+
+
+def _write(args, meta: dict, measured: list[dict], started: float, done: set) -> dict:
+    """Write the report of ``measured`` to ``args.out`` (atomically) and return it."""
+    meta["total_s"] = round(time.perf_counter() - started, 1)
+    meta["complete"] = len(measured) == len(set(args.ms) | done) and all(
+        r["status"] == "ok" for r in measured)
+    res = report(meta, measured)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(res, indent=1))
+    tmp.replace(args.out)
+    return res
 
 
 if __name__ == "__main__":

@@ -422,7 +422,7 @@ def main() -> None:
     r = sub.add_parser("run")
     r.add_argument("--out", required=True)
     r.add_argument("--budget-s", type=float, default=480)
-    r.add_argument("--modes", default="predicted,default,cutetune_eager,eager")
+    r.add_argument("--modes", default="predicted,default,reduced,max-autotune,cutetune_eager,eager")
     r.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     r.add_argument("--phases", default="fwd,train")
     r.add_argument("--max-autotune", type=int, default=8)

@@ -19,7 +19,9 @@
 #   compile_ab     scripts/compile_time_ab.py: the compile helper against quack's compile pool
 #                  -> $OUT/compile_time_ab_h200.json
 #   cudagraphs     scripts/bench_cudagraphs.py: small M with and without CUDA graphs
-#                  -> $OUT/cudagraphs_small_m_h200.json
+#                  -> $OUT/cudagraphs_small_m_h200.json; resumes from the checkout's
+#                  data/bench/cudagraphs_small_m_h200.json where there is one (an earlier
+#                  call's, copied there), so that the M grid can span calls
 # Data and quack's kernel cache live under /tmp so they survive between calls on one warm
 # machine; each stage ends by packing the dataset into $OUT.
 set -uo pipefail
@@ -76,8 +78,9 @@ for stage in "$@"; do
       python scripts/compile_time_ab.py --repeats 2 --variants helper quack_pool \
         --out "$OUT/compile_time_ab_h200.json" 2>&1 | tail -n 15 ;;
     cudagraphs)
+      CG=data/bench/cudagraphs_small_m_h200.json
       python scripts/bench_cudagraphs.py --out "$OUT/cudagraphs_small_m_h200.json" \
-        --budget-s "$(left 60)" 2>&1 | tail -n 30 ;;
+        --budget-s "$(left 60)" $([ -f $CG ] && echo --resume $CG) 2>&1 | tail -n 30 ;;
     repeat)
       python -m cutetune collect --problems train --configs sample:20 --limit-problems 30 \
         --out "$ROOT/h200_bf16_repeat" --time-budget "$(left 30)" \

@@ -101,6 +101,22 @@ def test_the_budget_takes_the_longest_m_so_far():
     assert bench.plan(300.0, 470.0, [60.0, 80.0])[0]
 
 
+def test_resume_keeps_the_completed_ms_and_runs_the_rest(tmp_path, capsys):
+    earlier = bench.report({"argv": ["--ms", "1", "16"]}, [
+        measured(1, {"default": 300.0, "predicted": 290.0}, {"default": 320.0}),
+        {"m": 16, "status": "skipped", "reason": "budget"}])
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    kept, meta = bench.resumed(path)
+    assert [r["m"] for r in kept] == [1] and meta == {"argv": ["--ms", "1", "16"]}
+    assert bench.main(["--plan", "--resume", str(path), "--ms", "1", "16", "4"]) == 0
+    assert json.loads(capsys.readouterr().out)["ms"] == [16, 4]
+    assert bench.resumed(None) == ([], None)
+    path.write_text('{"meta": {}}')
+    with pytest.raises(SystemExit, match="not a bench_cudagraphs.py result file"):
+        bench.resumed(path)
+
+
 def test_gputime_variants_compile_with_the_host_cost_rules_off():
     from cutetune.tuner.inductor import decisions as idec
 
