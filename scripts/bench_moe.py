@@ -399,7 +399,8 @@ def _speedups(blocks) -> dict:
                       for r in res["rows"] if r["tokens"] in ref}
             out[f"{model}/{phase}/{mode}"] = {
                 "over_default": ratios, "geomean": _geomean(list(ratios.values())),
-                "compile_s": res["compile_s"], "default_compile_s": base["phases"][phase]["compile_s"]}
+                "compile_s": res["compile_s"],
+                "default_compile_s": base["phases"][phase]["compile_s"]}
     return out
 
 

@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                    "problems": data.n_problems, "folds": args.folds,
                    "routing_features": ROUTING_NAMES,
                    "problems_by_routing": {r: int((kinds == r).sum())
-                                           for r in ("balanced", "skewed", "empty")}, "mean_over_split_seeds": mean,
-                   "runs": runs}, f, indent=1)
+                                           for r in ("balanced", "skewed", "empty")},
+                   "mean_over_split_seeds": mean, "runs": runs}, f, indent=1)
     print(json.dumps(mean, indent=1))
     return 0
 
