@@ -81,7 +81,7 @@ class Stub:
         self.asked.append(problem)
         return [(CONFIG, 1.0)]
 
-    def prefers_aten(self, problem):
+    def prefers_aten(self, problem, configs=None):
         return problem.ragged == "k"
 
 

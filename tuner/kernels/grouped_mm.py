@@ -65,8 +65,11 @@ class Picker:
         if problem not in self.picks_:
             model = self._model_for(problem.arch, problem.dtype)
             config = None
-            if model is not None and not model.prefers_aten(problem):
+            if model is not None:
+                # the fallback judges the top-1: ask about it alone rather than rank again
                 (config, _), = model.rank(problem, top_k=1)
+                if model.prefers_aten(problem, [config]):
+                    config = None
             self.picks_[problem] = config
         return self.picks_[problem]
 
