@@ -3,12 +3,14 @@ operands to a GroupedProblem, the model's picks by rung, the op's ATen path and 
 the compiled graphs' tables (the kernels themselves: test_grouped_mm_gpu.py)."""
 
 import logging
+import types
 from pathlib import Path
 
 import pytest
 import torch
 from torch._inductor import config as inductor_config
 from torch._inductor.utils import run_and_get_code
+from torch._inductor.virtualized import V
 
 import cutetune
 from cutetune.models.artifact import load_model
@@ -348,7 +350,32 @@ def test_reduced_mode_without_a_model_leaves_inductor_its_own_lowering(tmp_path)
         def get_device(self):
             return a.device
 
-    assert lowering(Node(), Node(), Node()) == "inductor's" and len(calls) == 1
+    with V.set_graph_handler(types.SimpleNamespace(cpp_wrapper=False)):
+        assert lowering(Node(), Node(), Node()) == "inductor's" and len(calls) == 1
     assert not gmm.Picker(tmp_path / "none.json").has_model("sm90", BF16)
     assert gmm.Picker(Stub()).has_model("sm90", torch.bfloat16)
     assert not gmm.Picker(Stub()).has_model("sm90", torch.float32)
+
+
+def test_reduced_mode_under_the_cpp_wrapper_leaves_inductor_its_own_lowering():
+    """The C++ wrapper cannot call a quack choice (a Python function): no quack candidates,
+    as the extern lowerings of the op and of the fused SwiGLU leave it."""
+    from torch._inductor.kernel import mm_grouped
+
+    from cutetune.tuner.inductor import grouped
+
+    calls, select = [], mm_grouped.autotune_select_algorithm
+    # what Inductor's lowering would select with: its own selection, no quack choices added
+    lowering = grouped.ReducedLowering(
+        lambda *args: calls.append(mm_grouped.autotune_select_algorithm) or "inductor's",
+        gmm.Picker(Stub()), 2, lambda device: "sm90")
+
+    class Node:
+        def get_dtype(self):
+            return BF16
+
+        def get_device(self):
+            return torch.device("cpu")
+
+    with V.set_graph_handler(types.SimpleNamespace(cpp_wrapper=True)):
+        assert lowering(Node(), Node(), Node()) == "inductor's" and calls == [select]

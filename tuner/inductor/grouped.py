@@ -46,8 +46,11 @@ class ReducedLowering:
         self.arch, self.prefetch = arch, prefetch
 
     def __call__(self, mat_a, mat_b, offs=None, bias=None, out_dtype=None, layout=None):
+        from torch._inductor.virtualized import V
+
         args = (mat_a, mat_b, offs, bias, out_dtype, layout)
-        if offs is None or bias is not None or out_dtype not in (None, mat_a.get_dtype()):
+        if offs is None or bias is not None or out_dtype not in (None, mat_a.get_dtype()) \
+                or V.graph.cpp_wrapper:  # C++ cannot call the quack choices' Python
             return self.original(*args)
         arch = self.arch(mat_a.get_device())
         if arch is None or not self.picker.has_model(arch, mat_a.get_dtype()):
