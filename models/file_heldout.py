@@ -73,7 +73,8 @@ def _answer(model, problem, configs: list[KernelConfig], times: np.ndarray
         return float("nan"), True
     chosen = [configs[i] for i in ok]
     (top1, _), = model.rank(problem, chosen, top_k=1)
-    return float(times[ok[chosen.index(top1)]]), bool(model.prefers_cublas(problem, chosen))
+    # the fallback judges the top-1: ask about it alone rather than rank the set again
+    return float(times[ok[chosen.index(top1)]]), bool(model.prefers_cublas(problem, [top1]))
 
 
 def replay(data: Measurements, train_fold: Callable[[Measurements], object],

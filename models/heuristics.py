@@ -367,9 +367,8 @@ class PackagedHeuristics:
         self._models: dict[tuple[str, str], ModelHeuristics | None] = {}
 
     def lookup(self, problem: GemmProblem) -> tuple[tuple[KernelConfig, ...], bool]:
-        file = self._file(problem)
-        model = self._model(problem)
-        return file.exact_pick(problem) or (model or file).lookup(problem)
+        file = self._file(problem)  # an exact entry answers before the model is loaded
+        return file.exact_pick(problem) or (self._model(problem) or file).lookup(problem)
 
     def _model(self, problem: GemmProblem) -> "ModelHeuristics | None":
         """The packaged model of the problem's pair, loaded on first use; None without one."""
