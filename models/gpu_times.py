@@ -81,6 +81,9 @@ def from_json(v: list, configs: tuple[KernelConfig, ...]) -> GpuTimed:
     aten_us, triton, triton_us, quack, quack_us = v
     if triton is not None and len(triton) != len(CONFIG_KEYS):
         raise ValueError(f"Triton config {triton} needs {len(CONFIG_KEYS)} values")
+    if quack is not None and not (isinstance(quack, int) and 0 <= quack < len(configs)):
+        raise ValueError(f"quack config index {quack!r} is not in the file's {len(configs)} "
+                         f"configs")
     out = GpuTimed(float(aten_us),
                    None if triton is None else (tuple(int(x) for x in triton), float(triton_us)),
                    None if quack is None else (configs[int(quack)], float(quack_us)))

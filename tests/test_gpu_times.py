@@ -113,6 +113,13 @@ def test_gpu_times_round_trip_through_the_heuristics_file(tmp_path):
     d["gpu_times"][llama(1, GATE).key()][0] = -1.0
     with pytest.raises(ValueError, match="GPU times"):  # load() names the file
         hz.Heuristics._from_json(d, "x")
+    # a quack index outside the file's configs (a negative one too) is a corrupt file
+    d = json.loads(saved.read_text())
+    entry = d["gpu_times"][llama(4, DOWN).key()]
+    for bad in (-1, len(d["configs"]), "0"):
+        entry[3] = bad
+        with pytest.raises(ValueError, match="quack config index"):
+            hz.Heuristics._from_json(d, "x")
 
 
 def test_decide_under_cuda_graphs_takes_the_fastest_timed_candidate():
