@@ -115,6 +115,18 @@ class CublasFallback:
         return model
 
 
+def held_out_predictions(make, X: np.ndarray, log_ratio: np.ndarray, splits) -> np.ndarray:
+    """Each problem's prediction by ``make()`` (a CublasFallback) fit on the other folds'
+    problems that have an ATen time; ``splits`` as ``evaluate.group_kfold`` gives them, nan
+    for a problem no split tests."""
+    pred = np.full(len(log_ratio), np.nan)
+    for train, test in splits:
+        ok = train[np.isfinite(log_ratio[train])]
+        if ok.size:
+            pred[test] = make().fit(X[ok], log_ratio[ok]).predict(X[test])
+    return pred
+
+
 @dataclass(frozen=True)
 class FallbackOutcome:
     """Held-out effect of the fallback rule at one quantile (times are geomean ratios)."""

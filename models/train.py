@@ -26,7 +26,8 @@ from .artifact import CostModel
 from .crossval import HeldOut, held_out_scores
 from .data import Measurements
 from .evaluate import bucket_masks, group_kfold, leave_family_out, summarize, summarize_by_bucket
-from .fallback import CublasFallback, FallbackOutcome, fallback_inputs, outcome
+from .fallback import (CublasFallback, FallbackOutcome, fallback_inputs,
+                       held_out_predictions, outcome)
 from .features import dataset_features, problem_descriptors
 from .learners import BoosterModel
 from .methods import BLEND_NAMES, XGB_NAMES, Method, baseline_methods, blend_method, xgb_methods
@@ -219,12 +220,9 @@ def _fallback(data: Measurements, device, cv: dict[str, HeldOut], chosen: str, s
     objective = options.fallback_objective
     outcomes, by_bucket = [], {}
     for q in sorted(set(FALLBACK_QUANTILES) | {options.fallback_quantile}):
-        pred = np.full(data.n_problems, np.nan)
-        for train, test in splits:
-            ok = train[np.isfinite(log_ratio[train])]
-            if ok.size:
-                pred[test] = CublasFallback(q, seed=options.seed, objective=objective).fit(
-                    Xf[ok], log_ratio[ok]).predict(Xf[test])
+        pred = held_out_predictions(
+            lambda: CublasFallback(q, seed=options.seed, objective=objective), Xf, log_ratio,
+            splits)
         outcomes.append(outcome(q, pred, log_ratio, objective))
         if q == options.fallback_quantile:
             by_bucket = {name: outcome(q, pred[mask], log_ratio[mask], objective)

@@ -4,7 +4,8 @@ splits and seeds: the evidence behind a kind's defaults (``models.train.KIND_DEF
 For each (split seed, model seed): out-of-fold scores of the pairwise ranker and the
 regression, problem-grouped K-fold; then for each timer weight the blend's held-out top-1
 geomean and P10, and for each fallback quantile predicted mode's geomean and worst problem
-against the ATen baseline (the fallback fit as `cutetune train` fits it, on the same folds).
+against the ATen baseline (the fallback fit as `cutetune train` fits it, with the kind's
+objective, on the same folds).
 
     python scripts/blend_study.py [--data data/inputs/h200_bf16_grouped] [--kind grouped]
         [--seeds 0:0 0:1 1:0 2:2] [--weights 0 2 4 8] [--quantiles 0.75 0.9 0.95] --out FILE
@@ -21,10 +22,12 @@ import numpy as np
 from cutetune.models.crossval import held_out_scores
 from cutetune.models.data import load_measurements
 from cutetune.models.evaluate import group_kfold, score_problems, summarize
-from cutetune.models.fallback import CublasFallback, fallback_inputs, outcome
+from cutetune.models.fallback import (CublasFallback, fallback_inputs, held_out_predictions,
+                                     outcome)
 from cutetune.models.features import dataset_features, problem_descriptors
 from cutetune.models.learners import BoosterModel
 from cutetune.models.methods import xgb_methods
+from cutetune.models.train import KIND_DEFAULTS
 from cutetune.space.device import device_for
 
 
@@ -57,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     data, X, desc = load(args.data, args.kind)
+    objective = KIND_DEFAULTS[args.kind].fallback_objective  # as `cutetune train` fits it
     runs = []
     for pair in args.seeds:
         split_seed, seed = map(int, pair.split(":"))
@@ -72,12 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             Xf = fallback_inputs(desc, timer[ps.top1_row])
             log_ratio = np.log(ps.top1_ms / data.cublas_ms)
             for q in args.quantiles:
-                pred = np.full(data.n_problems, np.nan)
-                for train, test in splits:
-                    ok = train[np.isfinite(log_ratio[train])]
-                    pred[test] = CublasFallback(q, seed=seed).fit(
-                        Xf[ok], log_ratio[ok]).predict(Xf[test])
-                o = outcome(q, pred, log_ratio)
+                pred = held_out_predictions(
+                    lambda: CublasFallback(q, seed=seed, objective=objective), Xf, log_ratio,
+                    splits)
+                o = outcome(q, pred, log_ratio, objective)
                 run["fallback"].append({"quantile": q, "fallback_rate": o.fallback_rate,
                                         "speedup_vs_aten": o.speedup_vs_cublas,
                                         "worst_vs_aten": o.worst_vs_cublas})

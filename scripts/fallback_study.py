@@ -26,7 +26,8 @@ import numpy as np
 
 from blend_study import load, out_of_fold  # scripts/, on sys.path when run as a script
 from cutetune.models.evaluate import group_kfold, group_offsets, score_problems
-from cutetune.models.fallback import CublasFallback, fallback_inputs, outcome
+from cutetune.models.fallback import (CublasFallback, fallback_inputs, held_out_predictions,
+                                     outcome)
 
 
 def uncertainty(pick_score: np.ndarray, log_ms: np.ndarray, group: np.ndarray, k: int = 5
@@ -42,10 +43,7 @@ def uncertainty(pick_score: np.ndarray, log_ms: np.ndarray, group: np.ndarray, k
 
 
 def judge(name, model, q, X, log_ratio, splits) -> dict:
-    pred = np.full(len(log_ratio), np.nan)
-    for train, test in splits:
-        ok = train[np.isfinite(log_ratio[train])]
-        pred[test] = model(q).fit(X[ok], log_ratio[ok]).predict(X[test])
+    pred = held_out_predictions(lambda: model(q), X, log_ratio, splits)
     o = outcome(q, pred, log_ratio, model(q).objective)
     r = log_ratio[np.isfinite(log_ratio)]
     chosen = np.where(pred[np.isfinite(log_ratio)] > 0, 0.0, r)
