@@ -379,3 +379,23 @@ def test_reduced_mode_under_the_cpp_wrapper_leaves_inductor_its_own_lowering():
 
     with V.set_graph_handler(types.SimpleNamespace(cpp_wrapper=True)):
         assert lowering(Node(), Node(), Node()) == "inductor's" and calls == [select]
+
+
+def test_reduced_mode_gives_static_cutetune_op_nodes_their_table():
+    """Reduced mode's lowering wraps aten._grouped_mm only: a static node of cutetune's own op
+    (a user's cutetune.grouped_mm, and its backward's) gets the picker's table as in predicted
+    mode, not a dispatcher call that picks per rung at run time."""
+    picker = gmm.Picker(Stub())
+    torch._dynamo.reset()
+    try:
+        with inductor_config.patch(fx_graph_cache=False, post_grad_custom_post_pass=GroupedMmPass(
+                picker, "test-reduced", lambda device: "sm90", static=False)):
+            a, w, offs = operands()
+            _, (ours,) = run_and_get_code(torch.compile(
+                lambda a, w, o: cutetune.grouped_mm(a, w.mT, o)), a.detach(), w.detach(), offs)
+            torch._dynamo.reset()
+            _, (aten,) = run_and_get_code(torch.compile(_grouped), a.detach(), w.detach(), offs)
+    finally:
+        torch._dynamo.reset()
+    assert f"{gmm.GROUPED_MM_KERNEL}(" in ours and f"table=({M_UNBOUNDED}, 128, 128," in ours
+    assert gmm.GROUPED_MM_KERNEL not in aten  # left to the lowering (not installed here)

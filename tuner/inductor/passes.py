@@ -290,7 +290,7 @@ class GroupedMmPass(ChainedPass):
             if offs is None or fourth is not None or out_dtype not in (None, _dtype(a)):
                 continue  # no groups, a bias, another output dtype, or a table already
             kernels: dict = {}  # config -> a problem it serves
-            table = self._table(a, b, offs, kernels)
+            table = self._table(a, b, offs, kernels, node.target is _GROUPED_MM)
             if table is None or (node.target is _GROUPED_MM and all(c is None for _, c in table)):
                 continue
             if self.prepare is not None and kernels:
@@ -299,16 +299,17 @@ class GroupedMmPass(ChainedPass):
             log.info("cutetune: grouped GEMM %s: %s", node.name, ", ".join(
                 f"<={m}: {'ATen' if c is None else c.short()}" for m, c in table))
 
-    def _table(self, a, b, offs, kernels: dict):
-        """The node's configs by range of its ragged size, None where quack cannot run it."""
+    def _table(self, a, b, offs, kernels: dict, aten: bool):
+        """The node's configs by range of its ragged size, None where quack cannot run it or
+        (``aten``: an aten._grouped_mm node) reduced mode's lowering benchmarks it."""
         va, vb, vo = (getattr(x, "meta", {}).get("val") for x in (a, b, offs))
         if not all(isinstance(t, torch.Tensor) for t in (va, vb, vo)):
             return None
         ragged = (0, 0) if vb.dim() == 3 else (1, 0)  # A's and B's dim that splits (B: wgrad)
         total = va.shape[ragged[0]]
         dynamic = not isinstance(total, int)
-        if not dynamic and not self.static:
-            return None  # left to reduced mode's lowering, which benchmarks it
+        if not dynamic and not self.static and aten:
+            return None  # left to reduced mode's lowering, which wraps only aten's
 
         def problem_at(size: int):
             a_size = list(va.shape)
