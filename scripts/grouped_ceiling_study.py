@@ -9,9 +9,10 @@ scored problem-grouped K-fold over several split seeds three ways:
   routing    the shipped features plus the measured routing of each problem: its largest
              expert over the mean, the counts' coefficient of variation, the share of empty
              experts, log2 of the largest expert's rows, and per config the largest expert's
-             row tiles. The host learns these only by reading the offsets back from the GPU,
-             which predicted mode, CUDA graphs and an eager call without a sync cannot do: a
-             bound on what host-known features can reach, not a model to ship.
+             blocks of the ragged dimension (ragged_block: a cluster's rows, or a K tile).
+             The host learns these only by reading the offsets back from the GPU, which
+             predicted mode, CUDA graphs and an eager call without a sync cannot do: a bound
+             on what host-known features can reach, not a model to ship.
   balanced   trained as routing, asked with every problem's routing taken as balanced (each
              expert the mean rows): what assuming a load-balanced router would give.
 
@@ -44,33 +45,40 @@ from cutetune.space.features import GROUPED_FEATURE_NAMES
 ROUTING_NAMES = ("max_over_mean", "counts_cv", "empty_share", "log2_max_rows", "max_row_tiles")
 
 
-def routing_features(path: str, data, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, len(ROUTING_NAMES)) twice: each row's problem's measured routing (dataset column
-    expert_counts) with the largest expert's row tiles under the row's config, and the same
-    for a balanced routing of the problem's rows."""
+def measured_routing(path: str, data) -> np.ndarray:
+    """(problems, 5): each problem's measured routing (dataset column expert_counts): the
+    largest expert over the mean, the counts' CV, the share of empty experts, and the largest
+    expert's rows (log2 of it plus one, and itself)."""
     table = load(path, columns=["problem_key", "expert_counts"])
     counts = dict(zip(table.column("problem_key").to_pylist(),
                       table.column("expert_counts").to_pylist()))
-    per_problem = []
+    out = []
     for p in data.problems:
         c = np.asarray(json.loads(counts[p.key()]), np.float64)
         mean = max(c.mean(), 1e-9)
-        per_problem.append((c.max() / mean, c.std() / mean, float(np.mean(c == 0)),
-                            np.log2(c.max() + 1), c.max()))
-    per_row = np.asarray(per_problem)[data.group]
-    tile_m = X[:, GROUPED_FEATURE_NAMES.index("tile_m")]
-    mean_rows = np.ceil(np.array([(p.k if p.ragged == "k" else p.m) / p.experts
-                                  for p in data.problems]))[data.group]
+        out.append((c.max() / mean, c.std() / mean, float(np.mean(c == 0)),
+                    np.log2(c.max() + 1), c.max()))
+    return np.asarray(out)
+
+
+def routing_features(routing: np.ndarray, data, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, len(ROUTING_NAMES)) twice: each row's problem's ``measured_routing`` with the
+    largest expert's blocks of the ragged dimension under the row's config (the features'
+    ragged_block), and the same for a balanced routing of the problem's routed rows."""
+    per_row = routing[data.group]
+    block = X[:, GROUPED_FEATURE_NAMES.index("ragged_block")]
+    experts = np.array([p.experts for p in data.problems])
+    mean_rows = np.ceil(data.m / experts)[data.group]  # data.m: the ragged total
     zero = np.zeros(len(X))
-    return (np.column_stack([per_row[:, :4], np.ceil(per_row[:, 4] / tile_m)]),
+    return (np.column_stack([per_row[:, :4], np.ceil(per_row[:, 4] / block)]),
             np.column_stack([zero + 1, zero, zero, np.log2(mean_rows + 1),
-                             np.ceil(mean_rows / tile_m)]))
+                             np.ceil(mean_rows / block)]))
 
 
-def routing_kinds(R: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """Per problem: "balanced", "skewed" or "empty" (see the module docstring)."""
-    first = np.searchsorted(group, np.arange(group.max() + 1))
-    cv, empty = R[first, 1], R[first, 2]
+def routing_kinds(routing: np.ndarray) -> np.ndarray:
+    """Per problem of ``measured_routing``: "balanced", "skewed" or "empty" (see the module
+    docstring)."""
+    cv, empty = routing[:, 1], routing[:, 2]
     return np.where(empty > 0.2, "empty", np.where(cv < 0.3, "balanced", "skewed"))
 
 
@@ -94,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
 
     data = load_measurements(args.data, "grouped")
     X = dataset_features(data, device_for(data.device_name))
-    R, Rb = routing_features(args.data, data, X)
+    routing = measured_routing(args.data, data)
+    R, Rb = routing_features(routing, data, X)
     Xr = np.hstack([X, R]).astype(np.float32)
     Xrb = np.hstack([X, R, Rb]).astype(np.float32)
-    kinds = routing_kinds(R, data.group)
+    kinds = routing_kinds(routing)
     weight = KIND_DEFAULTS["grouped"].timer_weight
     base = {"n_estimators": BoosterModel.n_estimators, "max_depth": BoosterModel.max_depth,
             "n_threads": args.threads, "kind": "grouped"}
