@@ -151,13 +151,14 @@ def sealed_json(d: dict, **dumps_kw) -> bytes:
     return raw[:span[0]] + hashlib.sha256(raw).hexdigest().encode() + raw[span[1]:]
 
 
-def read_artifact(path: str | os.PathLike, fmt: str, version_field: str, version: int,
+def read_artifact(path: str | os.PathLike, fmt: str, version_field: str,
+                  version: int | tuple[int, ...],
                   what: str, hint: str, error: type[ArtifactError] = ArtifactError
                   ) -> tuple[dict, bytes]:
     """Read a JSON artifact and check it before anything uses its content: the file is a
-    readable file, JSON, of format ``fmt`` at ``version``, and its checksum matches. Errors
-    (``error``, FileNotFoundError for a missing file) name the file and say what to do
-    (``hint``). Returns (content, the file's bytes)."""
+    readable file, JSON, of format ``fmt`` at ``version`` (or one of a tuple of them), and its
+    checksum matches. Errors (``error``, FileNotFoundError for a missing file) name the file
+    and say what to do (``hint``). Returns (content, the file's bytes)."""
     p = Path(path)
     if p.is_dir():
         raise error(f"{what} {p} is a directory; give the file")
@@ -173,9 +174,10 @@ def read_artifact(path: str | os.PathLike, fmt: str, version_field: str, version
         raise error(f"corrupt {what} {p}: not readable JSON ({e}); {hint}") from None
     if not isinstance(d, dict) or d.get("format") != fmt:
         raise error(f"{p} is not a cutetune {what} (format {fmt!r} expected)")
-    if d.get(version_field) != version:
+    readable = version if isinstance(version, tuple) else (version,)
+    if d.get(version_field) not in readable:
         raise error(f"{what} {p} has format version {d.get(version_field)!r}; this cutetune "
-                    f"reads version {version} ({hint})")
+                    f"reads version {' or '.join(map(str, readable))} ({hint})")
     value = d.get(CHECKSUM)
     if not isinstance(value, str):
         raise error(f"{what} {p} has no checksum ({hint})")

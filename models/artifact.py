@@ -1,10 +1,10 @@
 """The trained cost model as one versioned JSON file, and the object that answers queries.
 
-The file holds the XGBoost boosters (UBJ, base64) next to what is needed to trust them: the
-kind of problem it ranks (``kinds``: dense or grouped GEMMs; a file without one is a dense
-model, as every file was before grouped models), arch, dtype and device, the feature schema
-(the kind's feature names at training time), package versions, the sha256 of the training data
-and the held-out metrics. Loading checks all of it against this installation and the request,
+The file holds the XGBoost boosters (UBJ, deflated, base64) next to what is needed to trust
+them: the kind of problem it ranks (``kinds``: dense or grouped GEMMs; a file without one is a
+dense model, as every file was before grouped models), arch, dtype and device, the feature
+schema (the kind's feature names at training time), package versions, the sha256 of the
+training data and the held-out metrics. Loading checks all of it against this installation and the request,
 and names the file and the mismatch instead of mis-predicting. A model of one kind refuses to
 rank a problem of the other: each kind has its own file (``shipped_model_path``).
 
@@ -36,7 +36,8 @@ from .kinds import ProblemKind, kind_named, kind_of
 from .learners import BoosterModel
 
 FORMAT = "cutetune-cost-model"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (2, 3)  # 3 deflates the boosters; 2 is otherwise the same
 WHAT = "cost model"
 RETRAIN = "retrain it with `cutetune train`"
 
@@ -213,7 +214,7 @@ def load_model(path: str | os.PathLike | None = None, arch: str = "sm90",
             hint = (f" (no {what}model is shipped for {arch}/{dtype} yet: train one with "
                     f"`cutetune train`{data})")
         raise ModelError(f"cost model file {path} does not exist{hint}")
-    d, _ = read_artifact(path, FORMAT, "format_version", FORMAT_VERSION, WHAT, RETRAIN,
+    d, _ = read_artifact(path, FORMAT, "format_version", READABLE_VERSIONS, WHAT, RETRAIN,
                          ModelError)
     theirs = d.get("kind", "dense")  # a file from before grouped models ranks dense GEMMs
     if theirs != kind:

@@ -22,7 +22,6 @@ cuBLAS nearly everywhere; the sign alone is what the decision needs.
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -30,6 +29,8 @@ import numpy as np
 
 if TYPE_CHECKING:  # imported where used: `cutetune --help` needs neither
     import xgboost as xgb
+
+from .learners import booster_from_dict, booster_to_dict
 
 CALIBRATION_FOLDS = 5
 OBJECTIVES = ("quantile", "classifier")
@@ -98,20 +99,15 @@ class CublasFallback:
         return self.quantile - y if self.objective == "classifier" else y + self.offset
 
     def to_dict(self) -> dict:
-        raw = bytes(self.booster.save_raw(raw_format="ubj"))
         return {"params": {k: getattr(self, k) for k in ("quantile", "n_estimators", "max_depth",
                                                           "learning_rate", "seed", "offset",
                                                           "objective")},
-                "booster_ubj_base64": base64.b64encode(raw).decode("ascii")}
+                **booster_to_dict(self.booster)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CublasFallback":
-        import xgboost as xgb
-
         model = cls(**d["params"])
-        model.booster = xgb.Booster()
-        model.booster.load_model(bytearray(base64.b64decode(d["booster_ubj_base64"], validate=True)))
-        model.booster.set_param({"nthread": 1})  # one row per query
+        model.booster = booster_from_dict(d)
         return model
 
 

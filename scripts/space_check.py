@@ -1,4 +1,4 @@
-"""Reproduce data/space_check/<arch>_full.json: compile every valid kernel of an arch on this
+"""Reproduce data/space_check/<arch>_full.json.gz: compile every valid kernel of an arch on this
 CPU (no GPU), plus rule-rejected grid points as evidence for the rules.
 
     python scripts/space_check.py sm90 [extra `cutetune space check` options]
@@ -20,6 +20,6 @@ if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in ("sm90", "sm100"):
         sys.exit("usage: python scripts/space_check.py sm90|sm100 [cutetune space check options]")
     arch = sys.argv[1]
-    out = Path(__file__).resolve().parent.parent / "data" / "space_check" / f"{arch}_full.json"
+    out = Path(__file__).resolve().parent.parent / "data" / "space_check" / f"{arch}_full.json.gz"
     sys.exit(main(["space", "check", "--arch", arch, "--workers", str(WORKERS),
                    "--rejected", str(REJECTED), "--out", str(out), *sys.argv[2:]]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -189,9 +190,9 @@ def test_count_includes_the_grouped_gemms(capsys):
     assert "sm100 grouped wgrad (varlen_k): 480 valid configs, 240 distinct" in out
 
 
-def test_check_grouped_passes_the_gemm(capsys, monkeypatch):
+def test_check_grouped_passes_the_gemm(capsys, monkeypatch, tmp_path):
     """`space check --gemm` checks that GEMM's kernels (the compiles are the runner's: see
-    test_compile_check)."""
+    test_compile_check); an --out ending in .gz is written gzipped."""
     import cutetune.tuner.measure.space_check as space_check
 
     seen = {}
@@ -202,9 +203,12 @@ def test_check_grouped_passes_the_gemm(capsys, monkeypatch):
                 "valid_kernels": 672, "dsl_arch": "sm_90a", "workers": 1, "failures": []}
 
     monkeypatch.setattr(space_check, "run_check", fake_run_check)
-    rc, out, _ = run(capsys, "space", "check", "--gemm", "wgrad", "--sample", "1", "--quiet")
+    rc, out, _ = run(capsys, "space", "check", "--gemm", "wgrad", "--sample", "1", "--quiet",
+                     "--out", str(tmp_path / "r.json.gz"))
     assert rc == 0 and seen["arch"] == "sm90" and seen["gemm"] == "wgrad"
     assert out.startswith("sm90 grouped wgrad: compiled 0 of 672 valid kernels")
+    report = json.loads(gzip.decompress((tmp_path / "r.json.gz").read_bytes()))
+    assert report["valid_kernels"] == 672
 
 
 @pytest.mark.parametrize("argv, words", [

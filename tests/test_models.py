@@ -8,6 +8,7 @@ its metric floors say nothing about real GPUs.
 
 from __future__ import annotations
 
+import base64
 import errno
 import json
 import os
@@ -178,7 +179,8 @@ def _write(tmp_path, name, d):
     (lambda d: {**d, "arch": "sm100"}, "is for sm100/bf16"),
     (lambda d: {**d, "format_version": 99}, "format version 99"),
     (lambda d: {**d, "feature_names": d["feature_names"][:-1]}, "another feature schema"),
-    (lambda d: {**d, "ranker": {**d["ranker"], "booster_ubj_base64": "!!"}}, "damaged"),
+    (lambda d: {**d, "ranker": {**d["ranker"], "booster_ubj_zlib_base64": "!!"}}, "damaged"),
+    (lambda d: {**d, "ranker": {**d["ranker"], "booster_ubj_zlib_base64": "AAAA"}}, "damaged"),
 ])
 def test_bad_artifacts_raise_clear_errors(trained, tmp_path, mutate, message):
     d = json.loads(trained[1].read_text())
@@ -239,10 +241,27 @@ def test_every_byte_of_a_model_file_is_checked(trained, tmp_path):
     assert load_model(path).scored(p, top_k=5) == expected
 
 
+def test_a_format_2_model_file_still_loads(trained, tmp_path):
+    """Format 3 deflates the boosters (a third of the file); a format-2 file, the same but for
+    plain UBJ, loads and predicts the same."""
+    model = tiny_model(trained)
+    d = model.to_dict()
+    assert d["format_version"] == 3 and "booster_ubj_zlib_base64" in d["ranker"]
+    for part in ("ranker", "timer", "fallback"):
+        d[part] = {"params": d[part]["params"], "booster_ubj_base64": base64.b64encode(
+            bytes(getattr(model, part).booster.save_raw(raw_format="ubj"))).decode("ascii")}
+    old = tmp_path / "v2.json"
+    old.write_bytes(sealed_json({**d, "format_version": 2}))
+    p = GemmProblem(512, 2048, 1024)
+    assert load_model(old).scored(p, top_k=5) == load_model(
+        model.save(tmp_path / "v3.json")).scored(p, top_k=5)
+    assert (tmp_path / "v3.json").stat().st_size < old.stat().st_size
+
+
 def test_old_format_and_directory_model_errors(trained, tmp_path):
     d = {k: v for k, v in json.loads(trained[1].read_text()).items() if k != "checksum"}
     old = _write(tmp_path, "v1.json", {**d, "format_version": 1})
-    with pytest.raises(ModelError, match="format version 1; this cutetune reads version 2 "
+    with pytest.raises(ModelError, match="format version 1; this cutetune reads version 2 or 3 "
                                          r"\(retrain it with `cutetune train`\)"):
         load_model(old)
     assert main(["predict", "--m", "64", "--n", "64", "--k", "64", "--model", str(tmp_path)]) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from collections import Counter
@@ -224,7 +225,9 @@ def cmd_check(args) -> int:
             print(_table([{"rule": k, **v} for k, v in rej["rules"].items()],
                          ["rule", "tried_alone", "compiler_rejects_alone", "verdict"]))
     if out is not None:  # last: what is printed above stays if the disk is full
-        write_atomic(out, json.dumps(report, indent=1) + "\n", "--out report")
+        text = (json.dumps(report, indent=1) + "\n").encode()
+        write_atomic(out, gzip.compress(text, 9, mtime=0) if out.suffix == ".gz" else text,
+                     "--out report")
         if not args.json:
             print(f"report written to {out}")
     return 1 if s["failed"] else 0
@@ -301,7 +304,8 @@ def register(subparsers) -> None:
                        "every kernel is compiled from scratch)")
     check.add_argument("--timeout", action=more_than(0), default=300.0, metavar="SECONDS",
                        help="seconds before one compile counts as hung (default 300)")
-    check.add_argument("--out", metavar="FILE", help="write the full JSON report to this file")
+    check.add_argument("--out", metavar="FILE",
+                       help="write the full JSON report to this file (gzipped if it ends in .gz)")
     check.add_argument("--quiet", action="store_true", help="no per-config progress on stderr")
     check.add_argument("--json", action="store_true",
                        help="print the report (less per-config results) as JSON")
