@@ -159,12 +159,19 @@ def test_a_capture_in_progress_counts_as_cuda_graphs(monkeypatch):
         assert idec.under_cuda_graphs()
 
 
-def test_a_graph_under_cuda_graphs_is_not_weighed_for_host_time():
+def test_a_graph_under_cuda_graphs_is_not_weighed_for_host_time(monkeypatch):
+    """Nor read: the SwiGLU pass and the lowering ask once per graph, and under CUDA graphs
+    every node takes its own pick by GPU time."""
     class Weighing(TimedHeuristics):
         def triton_problems(self, gemms):
             return frozenset()
 
+    read = []
+    gemms = idec.graph_gemms
+    monkeypatch.setattr(idec, "graph_gemms", lambda *a: read.append(a) or gemms(*a))
     h = Weighing({})
     assert idec.triton_takers(torch.fx.Graph(), "sm90", h) == ([], frozenset())
+    assert len(read) == 1
     with inductor_config.patch({"triton.cudagraphs": True}):
         assert idec.triton_takers(torch.fx.Graph(), "sm90", h) == ([], None)
+    assert len(read) == 1

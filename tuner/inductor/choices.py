@@ -283,9 +283,11 @@ class CuteTuneChoices(InductorChoices):
         if graph not in self._graph_triton:
             gemms, takers = triton_takers(graph.module.graph, arch, self.heuristics)
             self._graph_triton[graph] = takers
-            log.info("cutetune %s: %d mm of this graph have Triton configs; %s", self.mode,
-                     len(gemms), "not weighed" if takers is None else
-                     f"{sum(p in takers for p, _ in gemms)} take them")
+            if takers is None:
+                log.info("cutetune %s: this graph's Triton configs are not weighed", self.mode)
+            else:
+                log.info("cutetune %s: %d mm of this graph have Triton configs; %d take them",
+                         self.mode, len(gemms), sum(p in takers for p, _ in gemms))
         return self._graph_triton[graph]
 
     def prefetch_graph(self, arch: str) -> None:

@@ -76,13 +76,14 @@ def triton_candidates(problems, heuristics, host_bound_us: float
 def triton_takers(graph: torch.fx.Graph, arch: str | None, heuristics) -> tuple[
         list[tuple[GemmProblem, dict[str, int]]], frozenset[GemmProblem] | None]:
     """A graph's ``triton_candidates`` and which of their problems take the Triton config,
-    weighed together (the heuristics' ``triton_problems``; none where it raises, None where
-    the heuristics cannot weigh, or under CUDA graphs, where each takes its own)."""
+    weighed together (the heuristics' ``triton_problems``; none where it raises). Where the
+    heuristics cannot weigh, or under CUDA graphs (each node takes its own pick by GPU time),
+    nothing is weighed: ``([], None)``, without looking at the graph."""
     limit = host_bound_us()
-    gemms = triton_candidates(graph_gemms(graph, arch), heuristics, limit)
     weigh = getattr(heuristics, "triton_problems", None)
-    if weigh is None or limit <= 0:  # under CUDA graphs: GPU time alone, nothing to weigh
-        return gemms, None
+    if weigh is None or limit <= 0:
+        return [], None
+    gemms = triton_candidates(graph_gemms(graph, arch), heuristics, limit)
     try:
         return gemms, frozenset(weigh(gemms))
     except HeuristicsError:
