@@ -1217,6 +1217,25 @@ def test_a_chained_pass_runs_a_plain_function_first_and_then_has_no_uuid():
     assert ran == ["user", 1, "no uuid", 1]
 
 
+def test_a_chained_pass_keys_a_graph_compiled_during_a_capture_apart(monkeypatch):
+    """A graph compiled under CUDA graphs is decided by GPU time alone; a capture in progress
+    is in no config Inductor keys on, and torch 2.11 asks the passes' uuids, not the
+    choices': the pass's uuid (and its pickle, the pre-grad slot's key) tells it apart."""
+    import pickle
+
+    from cutetune.tuner.inductor.passes import EarlyPrefetchPass
+
+    p = EarlyPrefetchPass(lambda problems: None, "k", lambda device: "sm90")
+    outside = p.uuid()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert p.uuid() == "cutetune-early-prefetch:k:graphs:None" != outside
+    assert pickle.loads(pickle.dumps(p)) == p.uuid()
+    with inductor_config.patch({"triton.cudagraphs": True}):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+        assert p.uuid() == "cutetune-early-prefetch:k:graphs:None"
+
+
 def test_a_chained_pass_pickles_as_its_uuid_and_copies_as_itself():
     """Pickled (as torch 2.11's FX-graph cache key pickles the pre-grad slot), a pass holding
     closures is its uuid, or does not pickle without one; deep-copied (as Inductor's config

@@ -23,8 +23,7 @@ from ..kernels import aot, launcher, problems, quack_gemm
 from ..kernels.helper import is_library, kernel_key
 from ..kernels.problems import config_tuple, graph_problems, problem_from_inputs
 from .cache_key import decision_code_digest
-from .decisions import (NodeDecision, by_m_table, decide, host_bound_us, triton_takers,
-                        under_cuda_graphs)
+from .decisions import NodeDecision, by_m_table, decide, host_bound_us, triton_takers
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +90,9 @@ class CuteTuneChoices(InductorChoices):
         self._keep_only: dict[str, int] | None = None  # see _finalize_template_configs
 
     def uuid(self) -> str:
-        # a capture in progress decides as CUDA graphs do, which Inductor's config does not say
+        # under CUDA graphs: the passes' uuids say so (``ChainedPass.uuid``)
         return (f"cutetune-{__version__}:{self.mode}:k{self.top_k}:{self.source}:"
-                f"{decision_code_digest()}{':graphs' if under_cuda_graphs() else ''}")
+                f"{decision_code_digest()}")
 
     def decide_node(self, kernel_inputs, op_name: str) -> tuple[GemmProblem | None, NodeDecision]:
         try:

@@ -39,6 +39,7 @@ from ...space.problem import GemmProblem, ProblemError
 from ..kernels import grouped_mm, launcher, swiglu
 from ..kernels.problems import (config_ints, dynamo_gemms, fx_problem, grouped_problem,
                                static_ints, table_ints)
+from .decisions import under_cuda_graphs
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +57,15 @@ class ChainedPass(CustomGraphPass):
 
     def uuid(self) -> str | None:
         """None where the user's pass has no uuid (a plain function, say): Inductor then
-        bypasses its caches, as it would for that pass alone."""
+        bypasses its caches, as it would for that pass alone. A graph compiled under CUDA
+        graphs is decided by GPU time alone (``under_cuda_graphs``), and a capture in progress
+        is in no config Inductor keys on: the tag keeps its FX-cache entry apart (every torch
+        asks the passes' uuids; only 2.13 asks the choices')."""
+        key = f"{self.NAME}:{self.key}{':graphs' if under_cuda_graphs() else ''}"
         if self.user_pass is None:
-            return f"{self.NAME}:{self.key}:None"
+            return f"{key}:None"
         user = self.user_pass.uuid() if isinstance(self.user_pass, CustomGraphPass) else None
-        return f"{self.NAME}:{self.key}:{user!r}" if user else None
+        return f"{key}:{user!r}" if user else None
 
     def __reduce__(self):
         """What pickling makes of the pass: its uuid. torch 2.11's FX-graph cache key pickles
