@@ -334,6 +334,30 @@ def test_reduced_mode_benchmarks_the_top_k_among_inductors_candidates(monkeypatc
     assert mm_grouped.autotune_select_algorithm is spy  # put back after each lowering
 
 
+@pytest.mark.parametrize("inner", ["predicted", "off"])
+def test_another_mode_inside_reduced_lowers_with_inductors_own(inner):
+    """An installation of another mode inside a reduced one lowers grouped GEMMs as Inductor
+    does (its post-grad pass gives them their tables), and the reduced one's lowering comes
+    back when it ends, in either order of disabling."""
+    from torch._inductor.kernel import mm_grouped  # noqa: F401
+    from torch._inductor.lowering import lowerings
+
+    from cutetune.tuner.inductor import grouped
+
+    own = lowerings[grouped._GROUPED_MM]
+    outer = iin.enable("reduced", prefetch=False)
+    reduced = lowerings[grouped._GROUPED_MM]
+    assert isinstance(reduced, grouped.ReducedLowering) and reduced.original is own
+    with iin.enable(inner):
+        assert lowerings[grouped._GROUPED_MM] is own
+    assert lowerings[grouped._GROUPED_MM] is reduced
+    nested = iin.enable(inner)
+    outer.disable()
+    assert lowerings[grouped._GROUPED_MM] is own
+    nested.disable()
+    assert lowerings[grouped._GROUPED_MM] is own and not grouped.installed()
+
+
 def test_reduced_mode_without_a_model_leaves_inductor_its_own_lowering(tmp_path):
     from cutetune.tuner.inductor import grouped
 

@@ -99,16 +99,25 @@ class ReducedLowering:
         return choices
 
 
-def install(picker, top_k: int, arch, prefetch=None):
-    """Put ``ReducedLowering`` in place of ``aten._grouped_mm``'s lowering; what was there,
-    for ``uninstall``."""
+def install(picker=None, top_k: int = 0, arch=None, prefetch=None):
+    """Put ``ReducedLowering`` in place of ``aten._grouped_mm``'s lowering, or with no
+    ``picker`` Inductor's own (an installation of another mode inside a reduced one); what
+    was there, for ``uninstall``."""
     from torch._inductor.kernel import mm_grouped  # noqa: F401  (registers Inductor's)
     from torch._inductor.lowering import lowerings
 
     previous = lowerings[_GROUPED_MM]
     original = previous.original if isinstance(previous, ReducedLowering) else previous
-    lowerings[_GROUPED_MM] = ReducedLowering(original, picker, top_k, arch, prefetch)
+    lowerings[_GROUPED_MM] = (original if picker is None
+                              else ReducedLowering(original, picker, top_k, arch, prefetch))
     return previous
+
+
+def installed() -> bool:
+    """Whether ``ReducedLowering`` lowers ``aten._grouped_mm`` now."""
+    from torch._inductor.lowering import lowerings
+
+    return isinstance(lowerings.get(_GROUPED_MM), ReducedLowering)
 
 
 def uninstall(previous) -> None:

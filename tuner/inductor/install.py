@@ -231,6 +231,8 @@ class Installation:
         if factory is not None and factory.mode == "reduced":
             prev["grouped_lowering"] = grouped.install(
                 grouped_mm.picker(), factory.top_k, problems.device_arch, prefetch_for)
+        elif grouped.installed():  # another mode inside a reduced one: Inductor's lowering
+            prev["grouped_lowering"] = grouped.install()
         prev["choices_class"] = inductor_config.inductor_choices_class
         if factory is not None:
             new_class = factory
