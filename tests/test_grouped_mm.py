@@ -4,6 +4,7 @@ the compiled graphs' tables (the kernels themselves: test_grouped_mm_gpu.py)."""
 
 import logging
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -233,6 +234,10 @@ def test_the_model_comes_from_the_setting(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger=gmm.log.name):
         assert picker.pick(GroupedProblem(8, 1024, 4096, 7168)) is None
     assert "mine.json" in caplog.text
+    digest = picker.digest()  # read once: what the picks come from keys the compiles
+    monkeypatch.setenv("CUTETUNE_GROUPED_MODEL", str(tmp_path / "other.json"))
+    (tmp_path / "other.json").write_text("{}")
+    assert picker.digest() == digest and gmm.Picker().digest() != digest
 
 
 # ---------------------------------------------------------------- kernels built meanwhile
@@ -259,12 +264,33 @@ def test_a_kernel_the_helper_still_builds_runs_aten_meanwhile():
     state = ["pending"]
     gmm.building(problem, CONFIG, lambda: state[0])
     other_rows = gmm.GroupedPlan(CONFIG, gmm.with_ragged(problem, 64))
+    # the same kernel as the helper files it: another swizzle is a run-time knob
+    other_swizzle = gmm.GroupedPlan(replace(CONFIG, max_swizzle_size=4), problem)
     assert gmm._Grouped.pending(plan, call) and gmm._Grouped.pending(other_rows, call)
+    assert gmm._Grouped.pending(other_swizzle, call)
     state[0] = "done"
     assert not gmm._Grouped.pending(plan, call)
     state[0] = "failed: it crashed"  # then the first call compiles it here, or retires to ATen
     assert not gmm._Grouped.pending(plan, call)
     gmm._builds.clear()
+
+
+def test_a_call_that_runs_aten_meanwhile_makes_no_quack_offsets(monkeypatch):
+    """quack's zero-led offsets are made for its launch alone: a call the helper's build
+    defers to ATen launches nothing else."""
+    a, w, offs = (t.detach() for t in operands())
+    problem = grouped(a, w.mT, 4)
+    monkeypatch.setattr(gmm, "_plans", {})
+    monkeypatch.setattr(gmm, "_build_plan", lambda *args: gmm.GroupedPlan(CONFIG, problem))
+    pads = []
+    pad = torch.nn.functional.pad
+    monkeypatch.setattr(torch.nn.functional, "pad", lambda *args: pads.append(1) or pad(*args))
+    gmm.building(problem, CONFIG, lambda: "pending")
+    try:
+        out = gmm.grouped_mm_impl(a, w.mT, offs)
+    finally:
+        gmm._builds.clear()
+    assert torch.equal(out, torch._grouped_mm(a, w.mT, offs=offs)) and not pads
 
 
 def test_the_helper_takes_grouped_kernels():

@@ -24,6 +24,7 @@ from ...space.config import KernelConfig
 from ...space.problem import GroupedProblem, ProblemError
 
 from . import problems, runtime
+from .compile import signature_class
 from .launcher import M_UNBOUNDED, config_for_m, m_ranges, rung_of
 from .problems import parsed_table
 from .quack_gemm import MmPlan, launch
@@ -39,19 +40,27 @@ class Picker:
     """The grouped cost model's pick per problem: its top-1 config, or None where its ATen
     fallback expects torch._grouped_mm to win or there is no model for the problem's
     arch/dtype. ``model``: a CostModel, a model file, or None for $CUTETUNE_GROUPED_MODEL,
-    else the shipped one (``settings.grouped_model``). Picks are kept; models load on first use."""
+    else the shipped one (``settings.grouped_model``), read once, at the first pick or digest,
+    so that a compile's cache key names the model its picks come from (``set_model`` for
+    another). Picks are kept; models load on first use."""
 
     def __init__(self, model=None) -> None:
         self.model = model
         self.picks_: dict[GroupedProblem, KernelConfig | None] = {}
         self.models_: dict[tuple[str, str], object] = {}
+        self.source_: tuple | None = None  # (model or file or None: the packaged ones,)
+
+    def _source(self):
+        if self.source_ is None:
+            self.source_ = (self.model if self.model is not None else settings.grouped_model(),)
+        return self.source_[0]
 
     def _model_for(self, arch: str, dtype: str):
         key = (arch, dtype)
         if key not in self.models_:
             from ...models.artifact import ModelError, load_model
 
-            source = self.model if self.model is not None else settings.grouped_model()
+            source = self._source()
             try:
                 self.models_[key] = source if hasattr(source, "rank") else load_model(
                     source, arch, dtype, "grouped")
@@ -87,7 +96,7 @@ class Picker:
 
     def digest(self) -> str:
         """What identifies the picks (in Inductor's cache key): the model files' bytes."""
-        source = self.model if self.model is not None else settings.grouped_model()
+        source = self._source()
         if hasattr(source, "rank"):
             return f"model@{id(source):x}"
         files = ([Path(source)] if source is not None
@@ -152,31 +161,27 @@ def ragged_total(problem: GroupedProblem) -> int:
 
 # ---------------------------------------------------------------- run time
 _plans: dict[tuple, runtime.Plan] = {}
-# (config, gemm, dtype, arch) -> how the compile helper's build of that kernel stands
+# signature_class -> how the compile helper's build of that kernel stands
 # ("pending", "done" or "failed: why"), for kernels a compile handed to it (``building``)
 _builds: dict[tuple, object] = {}
-
-
-def kernel_identity(problem: GroupedProblem, config: KernelConfig) -> tuple:
-    """What a grouped kernel is, whatever the sizes: one kernel serves every size."""
-    return (config, problem.gemm, problem.dtype, problem.arch)
 
 
 def building(problem: GroupedProblem, config: KernelConfig, state) -> None:
     """Record that the compile helper builds ``problem``'s kernel for ``config``; ``state()``
     says how that stands without waiting. Calls run ATen until it is built, rather than
-    compile it here at their first launch."""
-    _builds[kernel_identity(problem, config)] = state
+    compile it here at their first launch. Filed as the helper files it (``signature_class``:
+    one kernel serves every size, and configs that differ only in run-time knobs)."""
+    _builds[signature_class(problem, config)] = state
 
 
 class GroupedPlan(MmPlan):
-    """``MmPlan`` with the kernel's identity (``kernel_identity``), for its build's state."""
+    """``MmPlan`` with its kernel's ``signature_class``, for its build's state."""
 
     __slots__ = ("kernel",)
 
     def __init__(self, config: KernelConfig, problem: GroupedProblem) -> None:
         super().__init__(config, problem.arch)
-        self.kernel = kernel_identity(problem, config)
+        self.kernel = signature_class(problem, config)
 
 
 def _build_plan(a, b, offs, table) -> runtime.Plan:
@@ -197,18 +202,19 @@ def _build_plan(a, b, offs, table) -> runtime.Plan:
     return GroupedPlan(config, problem)
 
 
-def _aten(a, b, offs, out=None, cu=None):
+def _aten(a, b, offs, out=None):
     """torch._grouped_mm, contiguous as the op's fake says (it pads rows of unaligned N)."""
     return torch._grouped_mm(a, b, offs=offs).contiguous()
 
 
-def _run(plan: MmPlan, a, b, offs, out, cu) -> None:
+def _run(plan: MmPlan, a, b, offs, out) -> None:
     key = "cu_seqlens_m" if b.dim() == 3 else "cu_seqlens_k"
+    cu = torch.nn.functional.pad(offs, (1, 0))  # quack's offsets start at 0
     launch(plan, a, b, out, None, 1.0, 1.0, **{key: cu})
 
 
 class _Grouped:
-    """The grouped GEMM's part of ``runtime.call``; a call is ``(a, b, offs, out, cu)``."""
+    """The grouped GEMM's part of ``runtime.call``; a call is ``(a, b, offs, out)``."""
 
     aten = staticmethod(_aten)
 
@@ -258,8 +264,7 @@ def grouped_mm_impl(a, b, offs, table=None):
         return _aten(a, b, offs)
     out = torch.empty(_out_size(a.shape, b.shape, offs.shape), dtype=a.dtype,
                       device=a.device)
-    cu = torch.nn.functional.pad(offs, (1, 0))  # quack's offsets start at 0
-    return runtime.call(_Grouped, _plans, key, plan, out, (a, b, out), (a, b, offs, out, cu))
+    return runtime.call(_Grouped, _plans, key, plan, out, (a, b, out), (a, b, offs, out))
 
 
 def launched_via(a, b, offs, table=None) -> str | None:
