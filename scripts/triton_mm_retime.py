@@ -12,7 +12,9 @@ ATen (torch.mm into an out tensor, the call Inductor's extern kernel makes) and 
 give a retimed shape the one that ran it fastest) with tuner.measure's method: L2-cold rotating
 operands, warm-up, a GPU sleep ahead of the timed launches so that the events time kernels
 alone, and rounds that interleave the variants. Each Triton config is compiled through predicted
-mode's own path (a table forced to that config) and the generated code is checked to hold it.
+mode's own path, as under CUDA graphs (no host-bound limit) with heuristics whose retime ran
+every shape fastest in that config, so that any shape takes it, and the generated code is
+checked to hold it.
 
   python scripts/triton_mm_retime.py --sweep data/inputs/triton_mm/h200_bf16.jsonl.gz \\
       --out data/bench/triton_mm/h200_bf16_retimed.jsonl [--top 1] [--budget-s 400]
@@ -62,34 +64,42 @@ def candidates(shape: SweepShape, picks: dict, top: int = 1) -> dict[str, dict[s
 
 
 class ForcedTable:
-    """A heuristics stand-in whose Triton table answers one config for every shape."""
+    """A heuristics stand-in whose retime ran every shape fastest in one Triton config: with
+    no host-bound limit ``decide`` hands any shape, host-bound or not, that config alone
+    (``gpu_time_decision``) before it asks anything else."""
 
     def __init__(self, config: dict[str, int]) -> None:
         self.config = config
         self.digest = "retime:" + ",".join(f"{k}={v}" for k, v in sorted(config.items()))
 
-    def lookup(self, problem):  # only host-bound shapes are compiled here: never asked
-        raise RuntimeError(f"{problem} is not host-bound: the retime compiles only shapes "
-                           "predicted mode hands to the Triton table")
+    def lookup(self, problem):  # what enable() takes heuristics by; gpu_fastest answers first
+        raise RuntimeError(f"{problem}: the retime compiles with no host-bound limit, where "
+                           "gpu_fastest decides")
 
-    def triton_config(self, problem, measured_only: bool = False) -> dict[str, int]:
-        return self.config
+    def gpu_fastest(self, problem) -> tuple[str, tuple[int, ...]]:
+        return "triton", config_key(self.config)
 
 
 def compile_triton_mm(config: dict[str, int], a, b):
     """``fn(a, b, d)`` running Inductor's Triton mm template with ``config`` (returns the
-    product); RuntimeError when the generated code does not hold that config alone."""
+    product); RuntimeError when the generated code does not hold that config alone. Compiled
+    with ``QUACK_LAUNCH_HOST_US`` 0, as under CUDA graphs but without Inductor's cudagraphs,
+    which would wrap the code in graph replays that copy each call's operands in."""
+    from unittest import mock
+
     import torch
     from torch._inductor.utils import run_and_get_code
 
     from cutetune.tuner import inductor as ci
+    from cutetune.tuner.inductor import decisions
 
     class MM(torch.nn.Module):
         def forward(self, x, y):
             return torch.mm(x, y)
 
     gm = torch.fx.symbolic_trace(MM())
-    with ci.enable("predicted", model=ForcedTable(config)):
+    with (mock.patch.object(decisions, "QUACK_LAUNCH_HOST_US", 0.0),
+          ci.enable("predicted", model=ForcedTable(config))):
         compiled, code = run_and_get_code(lambda: torch._inductor.compile(gm, [a, b]))
     code = "\n".join(code)
     held = {k: int(v) for k, v in re.findall(r"\b(BLOCK_[MNK])\s*:\s*tl\.constexpr\s*=\s*(\d+)",

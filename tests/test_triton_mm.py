@@ -471,7 +471,8 @@ def test_packaged_heuristics_weigh_each_dtype_by_its_own_file(monkeypatch):
     assert h.triton_problems([]) == frozenset()
 
 
-def test_retime_times_each_shapes_pick_and_the_sweeps_fastest_config_once(tmp_path):
+def retime_script():
+    """scripts/triton_mm_retime.py, imported from its path."""
     import importlib.util
     from pathlib import Path
 
@@ -479,6 +480,11 @@ def test_retime_times_each_shapes_pick_and_the_sweeps_fastest_config_once(tmp_pa
     spec = importlib.util.spec_from_file_location("triton_mm_retime", script)
     retime = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(retime)
+    return retime
+
+
+def test_retime_times_each_shapes_pick_and_the_sweeps_fastest_config_once(tmp_path):
+    retime = retime_script()
     shapes = load_sweep(write(tmp_path / "s", ROWS))
     picks = TritonTable.from_sweep(shapes).picks  # wide: Y, narrow: X
     assert retime.candidates(shapes[0], picks) == {"pick": Y}  # Y was this shape's fastest
@@ -488,5 +494,48 @@ def test_retime_times_each_shapes_pick_and_the_sweeps_fastest_config_once(tmp_pa
     assert retime.candidates(shapes[1], picks, top=3) == {"pick": Y, "sweep_best": X,
                                                           "sweep_3": Z}
     forced = retime.ForcedTable(Z)
-    assert forced.triton_config(problem(1, 4096)) == Z and forced.digest != retime.ForcedTable(
-        X).digest
+    assert forced.digest != retime.ForcedTable(X).digest
+
+
+def test_retime_forces_its_triton_config_on_any_shape():
+    """--family retimes shapes that are not host-bound too: with no host-bound limit the
+    forced table gives a compute-bound shape, a host-bound compute-bound one (which the
+    Triton table never answers) and a host-bound memory-bound one its config alone, in
+    either mode, without a lookup (which raises)."""
+    forced = retime_script().ForcedTable(Z)
+    for p in (GemmProblem(8192, 8192, 8192), GemmProblem(2048, 2048, 2048),
+              GemmProblem(1, 4096, 4096)):
+        for mode, k in (("predicted", 1), ("reduced", 5)):
+            d = idec.decide(p, mode, forced, k, 0.0)
+            assert (d.leave, d.configs, dict(d.triton_config)) == (True, (), Z)
+
+
+def test_retime_compiles_with_no_host_bound_limit(monkeypatch):
+    """The retime's compile decides as under CUDA graphs, without Inductor's cudagraphs (its
+    replays would copy the operands in), and rejects code that does not hold the config.
+    CPU torch generates no Triton code: the stand-in for run_and_get_code asks the installed
+    choices about a compute-bound mm and writes the tiles they give it."""
+    import torch
+    import torch._inductor.utils as iu
+    from torch._inductor import config as inductor_config
+
+    seen = []
+
+    def stand_in(compile_graph):
+        choices = inductor_config.inductor_choices_class()
+        d = idec.decide(GemmProblem(8192, 8192, 8192), choices.mode, choices.heuristics,
+                        choices.top_k, idec.host_bound_us())
+        c = dict(d.triton_config)
+        seen.append((idec.host_bound_us(), inductor_config.triton.cudagraphs, c))
+        return torch.mm, [f"{k} : tl.constexpr = {c.get(k)}" for k in ("BLOCK_M", "BLOCK_N",
+                                                                         "BLOCK_K")]
+
+    monkeypatch.setattr(iu, "run_and_get_code", stand_in)
+    retime = retime_script()
+    a = torch.ones(2, 2)
+    assert torch.equal(retime.compile_triton_mm(Z, a, a)(a, a, None), a @ a)
+    assert seen == [(0.0, False, Z)]
+    assert idec.host_bound_us() == idec.QUACK_LAUNCH_HOST_US  # the limit is back
+    monkeypatch.setattr(iu, "run_and_get_code", lambda f: (torch.mm, ["extern_kernels.mm("]))
+    with pytest.raises(RuntimeError, match="does not run Triton config"):
+        retime.compile_triton_mm(Z, a, a)
