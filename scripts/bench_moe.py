@@ -23,7 +23,8 @@ max-autotune (max-autotune-no-cudagraphs). Compiled once per phase with a dynami
 token count; forward (inference) and forward+backward (training); step time median with p20
 and p80; compile seconds (the first call; predicted mode's calls run ATen until the compile
 helper has built its kernels, whose wait is recorded apart); relative error against the block
-in fp32.
+in fp32; per token count, the GPU's kernel time per step (what of the step is not the
+GPU's is the host's) with the top kernels, and how the router spread the rows over the experts.
 
 ``run``: every mode's block in a fresh process with cold caches, then ``gemms``; writes
 DIR/moe_block_h200.json (with speedups against default) and DIR/moe_gemms_h200.json.
@@ -296,12 +297,44 @@ def block(args) -> dict:
                 end.synchronize()
                 times.append(start.elapsed_time(end) / iters)
             row["step_ms"] = _quantiles(times)
+            row["gpu"] = gpu_kernels(torch, lambda: fn(x, gy))
+            row["routing"] = routing_spread(torch, module, layer, x)
             print(json.dumps({"phase": phase, **row}), flush=True)
             rows.append(row)
         result["phases"][phase] = {"compile_s": rows[0]["first_call_s"], "rows": rows}
     if installation is not None:
         installation.disable()
     return result
+
+
+def gpu_kernels(torch, step, steps: int = 10, top: int = 12) -> dict:
+    """The GPU's kernel time per step (``busy_ms``; the step time less it is the GPU idle,
+    waiting on the host) and the ``top`` kernels by time, from torch's profiler over
+    ``steps`` steps run apart from the timed ones."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kernels = sorted(((k.key, k.device_time_total / steps / 1e3, k.count / steps)
+                      for k in prof.key_averages() if k.device_time_total > 0),
+                     key=lambda r: -r[1])
+    return {"busy_ms": sum(ms for _, ms, _ in kernels),
+            "kernels": [{"name": name[:120], "ms": ms, "per_step": n}
+                        for name, ms, n in kernels[:top]]}
+
+
+def routing_spread(torch, module, layer, x) -> dict:
+    """How the block's router spread ``x``'s routed rows over the experts: the largest
+    expert's rows over the mean, their coefficient of variation, the share of experts with
+    none (the GEMMs' picks assume no routing; ``gemms`` times skewed and balanced ones)."""
+    with torch.no_grad():
+        expert = module.router(x).float().topk(layer.top_k, dim=-1).indices.flatten()
+    counts = torch.bincount(expert, minlength=layer.experts).double()
+    mean = counts.mean()
+    return {"max_over_mean": float(counts.max() / mean), "cv": float(counts.std() / mean),
+            "empty_share": float((counts == 0).double().mean())}
 
 
 def _helper_wait() -> float:

@@ -40,3 +40,19 @@ def test_the_block_compiles_once_for_every_token_count_and_matches_eager():
         assert bench.rel_err_fp32(torch, module, x, y) < 2e-2
     # one graph for both token counts: no recompile
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 1
+
+
+def test_the_routing_spread_is_the_routers():
+    """The block's router of random weights spreads rows near evenly; one that sends every
+    token to the same experts leaves the others empty."""
+    torch.manual_seed(0)
+    layer = MoeLayer(experts=16, top_k=2, hidden=64, intermediate=16)
+    module = bench.moe_block(torch, layer, _grouped, device="cpu", dtype=torch.float32)
+    x = torch.randn(4096, layer.hidden)
+    even = bench.routing_spread(torch, module, layer, x)
+    assert even["empty_share"] == 0 and even["max_over_mean"] < 1.5 and even["cv"] < 0.3
+    with torch.no_grad():
+        module.router.weight.zero_()
+        module.router.weight[:2] = 1.0
+    one = bench.routing_spread(torch, module, layer, x.abs())
+    assert one == {"max_over_mean": 8.0, "cv": one["cv"], "empty_share": 14 / 16}
