@@ -35,16 +35,25 @@ def held_out_scores(data: Measurements, X: np.ndarray, method: Method,
     ``on_fold()`` (a bar's ``update``) follows each fold's fit and scoring.
     """
     scores = np.full(len(data.time_ms), np.nan)
-    tested = np.zeros(data.n_problems, bool)
     for train, test in splits:
         if np.intersect1d(train, test).size:
             raise ValueError("a split has problems in both train and test")
         tr, te = data.rows_of(train), data.rows_of(test)
         method.fit(data.subset(train), X[tr])
         scores[te] = method.score(data.subset(test), X[te])
-        tested[test] = True
         if on_fold:
             on_fold()
+    return scored(data, method, scores, splits, seed)
+
+
+def scored(data: Measurements, method: Method, scores: np.ndarray,
+           splits: list[tuple[np.ndarray, np.ndarray]], seed: int = 0) -> HeldOut:
+    """The HeldOut of ``method`` whose out-of-fold row scores over ``splits`` are ``scores``:
+    ``held_out_scores`` without the fits, for scores that follow from other methods' (a
+    blend's, from those of the ranker and the time model it sums)."""
+    tested = np.zeros(data.n_problems, bool)
+    for _, test in splits:
+        tested[test] = True
     sub = data.subset(np.flatnonzero(tested))
     rows = data.rows_of(np.flatnonzero(tested))
     ps = score_problems(sub.time_ms, scores[rows], sub.group, sub.m, sub.cublas_ms, seed=seed)

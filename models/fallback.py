@@ -22,7 +22,7 @@ cuBLAS nearly everywhere; the sign alone is what the decision needs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -54,6 +54,8 @@ class CublasFallback:
     offset: float = 0.0  # the quantile of the out-of-fold residuals, set by fit
     objective: str = "quantile"  # OBJECTIVES (files older than the field: "quantile")
     booster: xgb.Booster | None = field(default=None, repr=False)
+    # a quantile fit's out-of-fold residuals, for ``at`` (not saved)
+    residual: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -86,9 +88,19 @@ class CublasFallback:
         for f in folds:
             train = np.setdiff1d(np.arange(len(y)), f)
             residual[f] = y[f] - self._train(X[train], y[train]).inplace_predict(X[f])
-        self.offset = float(np.quantile(residual, self.quantile))
+        self.residual, self.offset = residual, float(np.quantile(residual, self.quantile))
         self.booster = self._train(X, y)
         return self
+
+    def at(self, quantile: float) -> "CublasFallback":
+        """This fitted fallback at another ``quantile``, sharing its booster: the level is only
+        a classifier's threshold, and only picks the quantile of a quantile model's residuals
+        that is its offset; no booster depends on it, so one fit serves every level judged."""
+        if self.objective == "classifier":
+            return replace(self, quantile=quantile)
+        if self.residual is None:
+            raise RuntimeError("CublasFallback.at needs the residuals of a fit")
+        return replace(self, quantile=quantile, offset=float(np.quantile(self.residual, quantile)))
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """The ``quantile`` quantile of log(t_pick / t_cuBLAS), a classifier's ``quantile``
@@ -111,16 +123,26 @@ class CublasFallback:
         return model
 
 
-def held_out_predictions(make, X: np.ndarray, log_ratio: np.ndarray, splits) -> np.ndarray:
-    """Each problem's prediction by ``make()`` (a CublasFallback) fit on the other folds'
-    problems that have an ATen time; ``splits`` as ``evaluate.group_kfold`` gives them, nan
-    for a problem no split tests."""
-    pred = np.full(len(log_ratio), np.nan)
+def held_out_levels(make, X: np.ndarray, log_ratio: np.ndarray, splits, quantiles
+                    ) -> dict[float, np.ndarray]:
+    """Per level of ``quantiles``: each problem's prediction by ``make()`` (a CublasFallback)
+    fit on the other folds' problems that have an ATen time, one fit per fold serving every
+    level (``CublasFallback.at``); ``splits`` as ``evaluate.group_kfold`` gives them, nan for
+    a problem no split tests."""
+    pred = {q: np.full(len(log_ratio), np.nan) for q in quantiles}
     for train, test in splits:
         ok = train[np.isfinite(log_ratio[train])]
         if ok.size:
-            pred[test] = make().fit(X[ok], log_ratio[ok]).predict(X[test])
+            model = make().fit(X[ok], log_ratio[ok])
+            for q in quantiles:
+                pred[q][test] = model.at(q).predict(X[test])
     return pred
+
+
+def held_out_predictions(make, X: np.ndarray, log_ratio: np.ndarray, splits) -> np.ndarray:
+    """``held_out_levels`` at ``make()``'s own level."""
+    q = make().quantile
+    return held_out_levels(make, X, log_ratio, splits, [q])[q]
 
 
 @dataclass(frozen=True)

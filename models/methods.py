@@ -190,7 +190,12 @@ def blend_method(objective: str, weight: float, seed: int = 0, **params) -> Meth
 
     def score(data: Measurements, X: np.ndarray) -> np.ndarray:
         ranker, timer = box["models"]
-        return ranker.predict(X) + weight * timer.predict(X)
+        return blended(ranker.predict(X), timer.predict(X), weight)
 
     return Method(BLEND_NAMES[objective], f"XGBoost, {objective} objective plus {weight:g} x "
                   "the regression's log time", score, fit)
+
+
+def blended(ranker: np.ndarray, log_ms: np.ndarray, weight: float) -> np.ndarray:
+    """A blend's scores (blend_method) from its ranker's and its time model's log time."""
+    return ranker + weight * log_ms

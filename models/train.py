@@ -23,14 +23,14 @@ from ..artifacts import package_versions
 from ..space.device import device_for
 
 from .artifact import CostModel
-from .crossval import HeldOut, held_out_scores
+from .crossval import HeldOut, held_out_scores, scored
 from .data import Measurements
 from .evaluate import bucket_masks, group_kfold, leave_family_out, summarize, summarize_by_bucket
-from .fallback import (CublasFallback, FallbackOutcome, fallback_inputs,
-                       held_out_predictions, outcome)
+from .fallback import CublasFallback, FallbackOutcome, fallback_inputs, held_out_levels, outcome
 from .features import dataset_features, problem_descriptors
 from .learners import BoosterModel
-from .methods import BLEND_NAMES, XGB_NAMES, Method, baseline_methods, blend_method, xgb_methods
+from .methods import (BLEND_NAMES, XGB_NAMES, Method, baseline_methods, blend_method, blended,
+                      xgb_methods)
 
 FALLBACK_QUANTILES = (0.5, 0.75, 0.9)
 RANKER_MARGIN = 0.005
@@ -123,15 +123,17 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
     X = dataset_features(data, device)
     params = {"n_estimators": options.n_estimators, "max_depth": options.max_depth,
               "n_threads": options.threads, "kind": kind.name}
-    learned = xgb_methods(options.objectives, options.seed, **params)
-    if options.timer_weight:
-        learned += [blend_method(o, options.timer_weight, options.seed, **params)
-                    for o in options.objectives if o in BLEND_NAMES]
+    xgb = xgb_methods(options.objectives, options.seed, **params)
+    blends = {o: blend_method(o, options.timer_weight, options.seed, **params)
+              for o in options.objectives if o in BLEND_NAMES} if options.timer_weight else {}
+    learned = xgb + list(blends.values())
     baselines = baseline_methods(arch, options.seed, options.n_estimators, options.threads,
                                  kind) if options.baselines else []
 
     splits = group_kfold(data.n_problems, options.folds, options.seed)
-    cv = _held_out(data, X, learned + baselines, splits, options.seed, "cross-validation")
+    cv = _held_out(data, X, xgb + baselines, splits, options.seed, "cross-validation")
+    cv.update(_blends_held_out(data, cv, blends, options.timer_weight, splits, options.seed))
+    cv = {m.name: cv[m.name] for m in learned + baselines}  # in the report's order
     chosen = _choose(cv, [m.name for m in learned])
     per_family = {str(k): int(v) for k, v in
                   zip(*np.unique(data.families.astype(str), return_counts=True))}
@@ -183,6 +185,16 @@ def _held_out(data: Measurements, X: np.ndarray, methods: list[Method], splits, 
         return out
 
 
+def _blends_held_out(data: Measurements, cv: dict[str, HeldOut], blends: dict[str, Method],
+                     weight: float, splits, seed: int) -> dict[str, HeldOut]:
+    """Each blend's held-out scores (``blends``: by ranking objective) from those of its ranker
+    and of the regression in ``cv``: on the same folds, their fold models are the blend's, so
+    fitting the blend would fit them again."""
+    log_ms = cv[XGB_NAMES["regression"]].row_scores
+    return {b.name: scored(data, b, blended(cv[XGB_NAMES[o]].row_scores, log_ms, weight), splits,
+                           seed) for o, b in blends.items()}
+
+
 def _choose(cv: dict[str, HeldOut], names: list[str]) -> str:
     """The regression model unless a ranking objective (alone or blended with the time model)
     beats its held-out top-1 geomean by more than RANKER_MARGIN: a ranker ships a second booster (the time model) and so costs
@@ -219,10 +231,9 @@ def _fallback(data: Measurements, device, cv: dict[str, HeldOut], chosen: str, s
     log_ratio = np.log(picks.top1_ms / data.cublas_ms)
     objective = options.fallback_objective
     outcomes, by_bucket = [], {}
-    for q in sorted(set(FALLBACK_QUANTILES) | {options.fallback_quantile}):
-        pred = held_out_predictions(
-            lambda: CublasFallback(q, seed=options.seed, objective=objective), Xf, log_ratio,
-            splits)
+    for q, pred in held_out_levels(
+            lambda: CublasFallback(seed=options.seed, objective=objective), Xf, log_ratio, splits,
+            sorted(set(FALLBACK_QUANTILES) | {options.fallback_quantile})).items():
         outcomes.append(outcome(q, pred, log_ratio, objective))
         if q == options.fallback_quantile:
             by_bucket = {name: outcome(q, pred[mask], log_ratio[mask], objective)

@@ -552,6 +552,55 @@ def test_fallback_files_without_an_objective_load_as_the_quantile_model():
         CublasFallback.from_dict(d)
 
 
+@pytest.mark.parametrize("objective", ["quantile", "classifier"])
+def test_a_fallback_fit_serves_every_level(objective):
+    """``at`` moves the level of a fitted fallback as a fit at that level would set it."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 3)).astype(np.float32)
+    y = 0.3 * X[:, 0] + rng.normal(0, 0.1, 200)
+    fit = CublasFallback(0.5, n_estimators=10, objective=objective).fit(X, y)
+    for q in (0.5, 0.75, 0.9):
+        direct = CublasFallback(q, n_estimators=10, objective=objective).fit(X, y)
+        np.testing.assert_array_equal(fit.at(q).predict(X), direct.predict(X))
+        assert fit.at(q).to_dict() == direct.to_dict()
+
+
+@pytest.mark.parametrize("fallback", ["quantile", "classifier"])
+def test_training_fits_each_booster_once_per_fold(trained, monkeypatch, fallback):
+    """A blend is judged on its ranker's and the regression's fold models, and the fallback
+    on one fit per fold for all its levels: no booster is fit twice on the same rows."""
+    import xgboost
+
+    from cutetune.models.crossval import held_out_scores
+    from cutetune.models.fallback import CALIBRATION_FOLDS
+    from cutetune.models.methods import BLEND_NAMES, blend_method
+
+    fits, xgb_train = {}, xgboost.train
+
+    def counted(params, *args, **kwargs):
+        fits[params["objective"]] = fits.get(params["objective"], 0) + 1
+        return xgb_train(params, *args, **kwargs)
+
+    monkeypatch.setattr(xgboost, "train", counted)
+    data, folds = load_measurements(trained[0]), 3
+    model, ev = train(data, TrainOptions(folds=folds, n_estimators=4, max_depth=3,
+                                         baselines=False, family_out=False, timer_weight=1.0,
+                                         fallback_objective=fallback))
+    assert set(BLEND_NAMES.values()) <= set(ev.cv) and len(ev.fallback) == 3
+    fallback_fits = folds + 1  # its folds' and the shipped one's
+    assert fits == {  # each objective per fold, the shipped model's ranker and time model
+        "rank:pairwise": folds + (model.ranker.objective == "rank:pairwise"),
+        "rank:ndcg": folds + (model.ranker.objective == "rank:ndcg"),
+        "reg:squarederror": folds + 1 + (fallback_fits * (CALIBRATION_FOLDS + 1)
+                                         if fallback == "quantile" else 0),
+        **({"binary:logistic": fallback_fits} if fallback == "classifier" else {})}
+    blend = blend_method("rank:pairwise", 1.0, n_estimators=4, max_depth=3)
+    X = dataset_features(data, device_for(data.device_name))
+    np.testing.assert_array_equal(
+        ev.cv[blend.name].row_scores,
+        held_out_scores(data, X, blend, group_kfold(data.n_problems, folds, 0)).row_scores)
+
+
 SHIPPED_DATASET = Path(__file__).resolve().parents[1] / "data" / "inputs" / "h200_bf16"
 # Floors for the small CI model (100 trees, 3 folds), a couple of points under what it reaches;
 # the full model's numbers are in data/reports/model_h200_bf16/metrics.json.
