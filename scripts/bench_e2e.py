@@ -33,7 +33,6 @@ cross it is skipped and recorded as such.
 from __future__ import annotations
 
 import argparse
-import io
 import itertools
 import json
 import logging
@@ -48,7 +47,7 @@ import time
 from pathlib import Path
 
 from benchlib import (HIDDEN, INTER, KV, LIMITS, geomean_check, kernel_counts, limit_check,
-                      rel_err, time_calls, workload_classes)
+                      rel_err, save_png, time_calls, workload_classes)
 
 REPO = Path(__file__).resolve().parent.parent
 MS = (1, 16, 128, 1024, 4096, 8192)
@@ -580,13 +579,7 @@ def plot(res: dict, path: Path) -> None:
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=7)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    # a palette of 256 colours: the same lines at a third of the bytes (Pillow comes with
-    # matplotlib)
-    from PIL import Image
-
-    Image.open(buf).convert("RGB").quantize(256).save(path, optimize=True)
+    save_png(fig, path)
 
 
 # ================================================================ CPU: heuristics timing

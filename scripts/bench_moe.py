@@ -4,6 +4,7 @@ Inductor's max-autotune, one GEMM at a time and in a whole MoE block.
     python scripts/bench_moe.py gemms --out FILE [--max-autotune N] [--routings skewed,balanced]
     python scripts/bench_moe.py block --model M --mode MODE --out FILE
     python scripts/bench_moe.py run --out DIR [--budget-s S]
+    python scripts/bench_moe.py plot FILE [--out PNG]
 
 ``gemms``: every grouped GEMM of the block (gate+up and down; forward, input and weight
 gradients) of DeepSeek-V3 and Qwen3-30B-A3B at each token count, on each of ``--routings``
@@ -27,7 +28,11 @@ in fp32; per token count, the GPU's kernel time per step (what of the step is no
 GPU's is the host's) with the top kernels, and how the router spread the rows over the experts.
 
 ``run``: every mode's block in a fresh process with cold caches, then ``gemms``; writes
-DIR/moe_block_h200.json (with speedups against default) and DIR/moe_gemms_h200.json.
+DIR/moe_block_h200.json (with speedups against default), its plot DIR/moe_block_h200.png and
+DIR/moe_gemms_h200.json.
+
+``plot``: a ``run``'s block results as a figure: per model and phase, each mode's step time
+against the token count (median, p20-p80 bars) and its speedup over default.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import time
 
 import numpy as np
 
+from benchlib import save_png
 from cutetune.space.suites import (MOE_MODELS, ROUTINGS, expert_gemm, expert_projections,
                                    routing_counts)
 
@@ -389,6 +395,8 @@ def run(args) -> None:
     with open(os.path.join(args.out, "moe_block_h200.json"), "w") as f:
         json.dump({"command": " ".join(sys.argv), "blocks": blocks,
                    "speedups": _speedups(blocks)}, f, indent=1)
+    plot(os.path.join(args.out, "moe_block_h200.json"),
+         os.path.join(args.out, "moe_block_h200.png"))
     left = start + args.budget_s - time.time()
     if args.gemms_s > 0 and left > 60:
         gemm_args = argparse.Namespace(max_autotune=args.max_autotune, budget_s=left - 30,
@@ -437,6 +445,46 @@ def _speedups(blocks) -> dict:
     return out
 
 
+def plot(path: str, out: str) -> None:
+    """The figure of a ``run``'s block file ``path`` (see the module doc), written to ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(path) as f:
+        blocks = [b for b in json.load(f)["blocks"] if "phases" in b]
+    panels = sorted({(b["model"], phase) for b in blocks for phase in b["phases"]})
+    fig, axes = plt.subplots(2, len(panels), figsize=(4.5 * len(panels), 8), squeeze=False)
+    for col, (model, phase) in enumerate(panels):
+        runs = {b["mode"]: b["phases"][phase]["rows"] for b in blocks
+                if b["model"] == model and phase in b["phases"]}
+        base = {r["tokens"]: r["step_ms"]["median"] for r in runs.get("default", [])}
+        for mode, rows in runs.items():
+            tokens = [r["tokens"] for r in rows]
+            ms = [r["step_ms"] for r in rows]
+            med = np.array([m["median"] for m in ms])
+            bars = [med - [m["p20"] for m in ms], [m["p80"] for m in ms] - med]
+            color = f"C{MODES.index(mode)}"
+            axes[0, col].errorbar(tokens, med, yerr=bars, marker="o", capsize=2, label=mode,
+                                  color=color)
+            shared = [t for t in tokens if t in base]
+            if mode != "default" and shared:
+                axes[1, col].plot(shared, [base[t] / med[tokens.index(t)] for t in shared],
+                                  marker="o", label=mode, color=color)
+        axes[0, col].set(title=f"{model}, {phase}: step time", xscale="log", yscale="log",
+                         xlabel="tokens per step", ylabel="ms")
+        axes[1, col].axhline(1.0, color="grey", lw=0.8)
+        axes[1, col].set(title=f"{model}, {phase}: speedup over default", xscale="log",
+                         xlabel="tokens per step", ylabel="default / mode")
+        for ax in axes[:, col]:
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.suptitle(os.path.basename(path), fontsize=9)
+    fig.tight_layout()
+    save_png(fig, out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -463,9 +511,14 @@ def main() -> None:
     r.add_argument("--routings", default="skewed,balanced")
     r.add_argument("--gemms-s", type=float, default=150,
                    help="seconds of the budget kept for the GEMMs (0: none)")
+    pl = sub.add_parser("plot")
+    pl.add_argument("file", help="a run's moe_block_h200.json")
+    pl.add_argument("--out", help="the figure (default: FILE with .png)")
     args = ap.parse_args()
     if args.cmd == "run":
         return run(args)
+    if args.cmd == "plot":
+        return plot(args.file, args.out or os.path.splitext(args.file)[0] + ".png")
     res = gemms(args) if args.cmd == "gemms" else block(args)
     with open(args.out, "w") as f:
         json.dump({"command": " ".join(sys.argv), **res}, f, indent=1)

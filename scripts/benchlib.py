@@ -12,7 +12,8 @@ scripts/ first on sys.path, so no script edits it).
 - the model families of the Triton mm sweep (``FAMILIES``, ``family_of``): triton_mm_sweep.py
   and triton_mm_report.py;
 - the CPU benchmarks' problems and host name (``SHAPES``, ``cpu_name``): bench_features.py and
-  bench_rank.py.
+  bench_rank.py;
+- a figure saved as a small PNG (``save_png``): bench_e2e.py and bench_moe.py.
 
 Only the sweep's families import cutetune here (``cutetune.space.suites``, plain Python);
 torch is passed in or imported where it is used.
@@ -322,3 +323,15 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def save_png(fig, path) -> None:
+    """``fig`` as a PNG of a 256-colour palette: the same lines at a third of the bytes
+    (Pillow comes with matplotlib)."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    Image.open(buf).convert("RGB").quantize(256).save(path, optimize=True)

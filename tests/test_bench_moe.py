@@ -1,17 +1,15 @@
 """scripts/bench_moe.py's MoE block on the CPU: compiled forward and backward with a dynamic
-token count match eager, and its fp32 reference agrees with torch._grouped_mm's routing."""
+token count match eager, its fp32 reference agrees with torch._grouped_mm's routing, the
+router's spread is measured, and a run's results plot."""
 
-import importlib.util
-from pathlib import Path
+import json
 
 import torch
 
 from cutetune.space.suites import MoeLayer
+from test_bench_e2e import _script  # loads the scripts' benchlib first
 
-REPO = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("bench_moe", REPO / "scripts" / "bench_moe.py")
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
+bench = _script("bench_moe")
 
 TINY = MoeLayer(experts=4, top_k=2, hidden=32, intermediate=16)
 
@@ -56,3 +54,19 @@ def test_the_routing_spread_is_the_routers():
         module.router.weight[:2] = 1.0
     one = bench.routing_spread(torch, module, layer, x.abs())
     assert one == {"max_over_mean": 8.0, "cv": one["cv"], "empty_share": 14 / 16}
+
+
+def test_the_plot_draws_each_model_and_phase_of_a_run(tmp_path):
+    """A run's block file, a mode that failed among them, as one figure."""
+    def rows(scale):
+        return [{"tokens": t, "step_ms": {"median": scale * t, "p20": scale * t * 0.9,
+                                          "p80": scale * t * 1.1}} for t in (128, 1024)]
+
+    blocks = [{"model": m, "mode": mode,
+               "phases": {p: {"rows": rows(s)} for p in ("fwd", "train")}}
+              for m in ("a", "b") for mode, s in (("default", 1.0), ("predicted", 0.8))]
+    blocks.append({"model": "a", "mode": "reduced", "error": "out of time"})
+    path = tmp_path / "moe_block_h200.json"
+    path.write_text(json.dumps({"blocks": blocks}))
+    bench.plot(str(path), str(tmp_path / "out.png"))
+    assert (tmp_path / "out.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
