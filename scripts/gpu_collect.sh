@@ -15,7 +15,7 @@
 #                  scripts/grouped_plan.py splits)
 #   grouped_mm_tests  cutetune.grouped_mm's GPU tests and the harness's -> $OUT/gpu_tests_grouped_mm.log
 #   moe_bench      scripts/bench_moe.py run: the MoE block in every mode, then its GEMMs
-#                  -> $OUT/moe_block_h200.json, $OUT/moe_gemms_h200.json
+#                  -> $OUT/moe_block_h200.json (and .png where matplotlib is), $OUT/moe_gemms_h200.json
 #   compile_ab     scripts/compile_time_ab.py: the compile helper against quack's compile pool
 #                  -> $OUT/compile_time_ab_h200.json
 #   cudagraphs     scripts/bench_cudagraphs.py: small M with and without CUDA graphs
