@@ -313,16 +313,19 @@ def block(args) -> dict:
     return result
 
 
-def gpu_kernels(torch, step, steps: int = 10, top: int = 12) -> dict:
+def gpu_kernels(torch, step, steps: int = 5, top: int = 12) -> dict:
     """The GPU's kernel time per step (``busy_ms``; the step time less it is the GPU idle,
     waiting on the host) and the ``top`` kernels by time, from torch's profiler over
-    ``steps`` steps run apart from the timed ones."""
+    ``steps`` steps run apart from the timed ones; ``error`` where the profiler fails."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
+    except RuntimeError as e:
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
     kernels = sorted(((k.key, k.device_time_total / steps / 1e3, k.count / steps)
                       for k in prof.key_averages() if k.device_time_total > 0),
                      key=lambda r: -r[1])
