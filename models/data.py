@@ -1,6 +1,11 @@
 """The training view of a measurement dataset: ok quack rows grouped by problem, plus the
 ATen baseline's time of each problem.
 
+A grouped problem measured under several routings of its rows (``expert_counts``) is one
+problem per routing: its configs are timed on different work. They share a shape
+(``shapes``), which cross-validation keeps in one fold (``folds``): the host cannot tell them
+apart, so a model must not be scored on one having trained on the other.
+
 Rows are sorted by problem so that a problem is one contiguous run (what ranking objectives
 and the evaluation expect). Failed rows (compile errors, timeouts, ...) carry no time and are
 left out; they are counted so a report can say how many there were. A view holds one kind of
@@ -20,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .dataset import CONFIG_COLUMNS, DatasetError, load, parts, problem_of
+from .evaluate import group_kfold
 from .kinds import KINDS, ProblemKind, kind_named, kind_of
 from ..space.enumerate import enumerate_configs
 from ..space.problem import GemmProblem, GroupedProblem
@@ -53,6 +59,7 @@ class Measurements:
     swept: np.ndarray
     device_name: str
     failed_rows: int = 0
+    shapes: np.ndarray | None = None  # per problem: its shape's index (None: one each)
 
     @property
     def n_problems(self) -> int:
@@ -71,6 +78,10 @@ class Measurements:
         """The size that buckets each problem (``ProblemKind.size``: M, or the routed rows)."""
         return np.array([self.kind.size(p) for p in self.problems])
 
+    def folds(self, k: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``evaluate.group_kfold`` over the problems, a shape's routings in one fold."""
+        return group_kfold(self.n_problems, k, seed, self.shapes)
+
     def rows_of(self, problem_idx: np.ndarray) -> np.ndarray:
         """Row indices of the given problems, in problem order."""
         return np.flatnonzero(np.isin(self.group, problem_idx))
@@ -85,7 +96,8 @@ class Measurements:
             cols={k: v[rows] for k, v in self.cols.items()}, time_ms=self.time_ms[rows],
             group=renum[self.group[rows]], problems=tuple(self.problems[i] for i in problem_idx),
             suites=self.suites[problem_idx], cublas_ms=self.cublas_ms[problem_idx],
-            swept=self.swept[problem_idx], device_name=self.device_name, failed_rows=0)
+            swept=self.swept[problem_idx], device_name=self.device_name, failed_rows=0,
+            shapes=None if self.shapes is None else self.shapes[problem_idx])
 
 
 def _numpy(table: pa.Table, name: str) -> np.ndarray:
@@ -132,7 +144,7 @@ def from_table(table: pa.Table, kind: str | None = None) -> Measurements:
     if quack.num_rows == 0:
         raise DatasetError("the dataset has no ok quack rows to train on")
     # A config measured more than once (e.g. a re-run) counts once, at its median time.
-    keys = _numpy(quack, "problem_key").astype(str)
+    keys = _identities(quack)
     pair = np.char.add(np.char.add(keys, "|"), _numpy(quack, "config_key").astype(str))
     _, inverse = np.unique(pair, return_inverse=True)
     time_ms = _numpy(quack, "time_ms").astype(float)
@@ -147,6 +159,7 @@ def from_table(table: pa.Table, kind: str | None = None) -> Measurements:
     keys = keys[rows]
 
     problem_keys, group = np.unique(keys, return_inverse=True)
+    shape_keys = np.array([k.split(ROUTED)[0] for k in problem_keys])
     cols = {c: _numpy(quack, c)[rows] for c in kind.problem_columns + CONFIG_COLUMNS}
     first_row = np.searchsorted(keys, problem_keys)
     problems = tuple(problem_of({c: cols[c][r] for c in kind.problem_columns})
@@ -154,16 +167,31 @@ def from_table(table: pa.Table, kind: str | None = None) -> Measurements:
     suites = _numpy(quack, "suite")[rows][first_row]
     suites = np.array([s if s else "unknown" for s in suites], dtype=object)
 
-    cub = dict(zip(_numpy(baseline, "problem_key"), _numpy(baseline, "time_ms").astype(float)))
+    cub = dict(zip(_identities(baseline), _numpy(baseline, "time_ms").astype(float)))
     cublas_ms = np.array([cub.get(k, np.nan) for k in problem_keys])
     tried = table.filter(pc.equal(table.column("backend"), "quack"))
-    n_tried = Counter(k for k, _ in set(zip(_numpy(tried, "problem_key").tolist(),
+    n_tried = Counter(k for k, _ in set(zip(_identities(tried).tolist(),
                                             _numpy(tried, "config_key").tolist())))
     swept = np.array([n_tried.get(k, 0) >= len(enumerate_configs(p.arch, p))
                       for k, p in zip(problem_keys, problems)])
+    _, shapes = np.unique(shape_keys, return_inverse=True)
     return Measurements(cols=cols, time_ms=med, group=group, problems=problems, suites=suites,
                         cublas_ms=cublas_ms, swept=swept, device_name=devices[0],
-                        failed_rows=failed.num_rows)
+                        failed_rows=failed.num_rows,
+                        shapes=shapes if len(set(shapes)) < len(shapes) else None)
+
+
+# Between a grouped problem's key and its routing in its identity: below every character of a
+# key, so identities sort as (key, routing) pairs would.
+ROUTED = "\x01"
+
+
+def _identities(table: pa.Table) -> np.ndarray:
+    """Each row's problem: its key and, for a grouped problem, its routing."""
+    keys = _numpy(table, "problem_key").astype(str)
+    routing = _numpy(table, "expert_counts")
+    return np.array([k if r is None else f"{k}{ROUTED}{r}" for k, r in zip(keys, routing)],
+                    dtype=str)
 
 
 def load_measurements(path: str | os.PathLike, kind: str | None = None) -> Measurements:

@@ -8,6 +8,7 @@ the contract between them.
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from dataclasses import fields
@@ -85,8 +86,21 @@ class DatasetError(ArtifactError):
     """A dataset folder or part that cannot be read as a cutetune dataset."""
 
 
-# What makes a measurement unique in a dataset: problem, backend and config.
-KEY_COLUMNS = ("problem_key", "backend", "config_key")
+# What makes a measurement unique in a dataset: problem, backend, config and, for a grouped
+# problem, how its rows split among the experts (``routing_text``; null for a dense one).
+KEY_COLUMNS = ("problem_key", "backend", "config_key", "expert_counts")
+
+
+def routing_text(counts) -> str | None:
+    """The ``expert_counts`` value of a grouped problem's split (None: a dense problem)."""
+    return None if counts is None else json.dumps([int(c) for c in counts])
+
+
+def measurement_key(problem_key: str, backend: str, config_key: str = "",
+                    routing: str | None = None) -> tuple:
+    """A row's KEY_COLUMNS values (``done_keys`` holds these): "" for the baseline's config,
+    ``routing_text`` of a grouped problem's split."""
+    return (problem_key, backend, config_key, routing)
 
 
 def append(path: str | os.PathLike, rows: list[dict]) -> Path | None:

@@ -54,13 +54,19 @@ def group_offsets(group: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- splits
-def group_kfold(n_problems: int, k: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    """K folds over problem indices (train, test): a shuffled, near-equal partition."""
-    if not 2 <= k <= n_problems:
-        raise ValueError(f"need 2 <= folds <= problems, got {k} folds for {n_problems} problems")
-    perm = np.random.default_rng(seed).permutation(n_problems)
-    folds = np.array_split(perm, k)
-    return [(np.sort(np.concatenate(folds[:i] + folds[i + 1:])), np.sort(f))
+def group_kfold(n_problems: int, k: int, seed: int = 0, shapes: np.ndarray | None = None
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """K folds over problem indices (train, test): a shuffled, near-equal partition; with
+    ``shapes`` (an index per problem), of the shapes, so problems of one shape share a fold."""
+    ids = np.arange(n_problems) if shapes is None else np.unique(shapes)
+    shapes = ids if shapes is None else shapes
+    if not 2 <= k <= len(ids):
+        raise ValueError(f"need 2 <= folds <= problems, got {k} folds for {len(ids)} problems"
+                         + (f" ({n_problems} with their routings)"
+                            if len(ids) != n_problems else ""))
+    perm = ids[np.random.default_rng(seed).permutation(len(ids))]
+    folds = [np.flatnonzero(np.isin(shapes, f)) for f in np.array_split(perm, k)]
+    return [(np.sort(np.concatenate(folds[:i] + folds[i + 1:])), f)
             for i, f in enumerate(folds)]
 
 

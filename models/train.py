@@ -25,7 +25,7 @@ from ..space.device import device_for
 from .artifact import CostModel
 from .crossval import HeldOut, held_out_scores, scored
 from .data import Measurements
-from .evaluate import bucket_masks, group_kfold, leave_family_out, summarize, summarize_by_bucket
+from .evaluate import bucket_masks, leave_family_out, summarize, summarize_by_bucket
 from .fallback import CublasFallback, FallbackOutcome, fallback_inputs, held_out_levels, outcome
 from .features import dataset_features, problem_descriptors
 from .learners import BoosterModel
@@ -130,7 +130,7 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
     baselines = baseline_methods(arch, options.seed, options.n_estimators, options.threads,
                                  kind) if options.baselines else []
 
-    splits = group_kfold(data.n_problems, options.folds, options.seed)
+    splits = data.folds(options.folds, options.seed)
     cv = _held_out(data, X, xgb + baselines, splits, options.seed, "cross-validation")
     cv.update(_blends_held_out(data, cv, blends, options.timer_weight, splits, options.seed))
     cv = {m.name: cv[m.name] for m in learned + baselines}  # in the report's order

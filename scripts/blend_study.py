@@ -21,7 +21,7 @@ import numpy as np
 
 from cutetune.models.crossval import held_out_scores
 from cutetune.models.data import load_measurements
-from cutetune.models.evaluate import group_kfold, score_problems, summarize
+from cutetune.models.evaluate import score_problems, summarize
 from cutetune.models.fallback import (CublasFallback, fallback_inputs, held_out_predictions,
                                      outcome)
 from cutetune.models.features import dataset_features, problem_descriptors
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for pair in args.seeds:
         split_seed, seed = map(int, pair.split(":"))
-        splits = group_kfold(data.n_problems, args.folds, split_seed)
+        splits = data.folds(args.folds, split_seed)
         ranker, timer = out_of_fold(data, X, splits, seed)
         for w in args.weights:
             ps = score_problems(data.time_ms, ranker + w * timer, data.group, data.m,

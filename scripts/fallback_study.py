@@ -25,7 +25,7 @@ from functools import partial
 import numpy as np
 
 from blend_study import load, out_of_fold  # scripts/, on sys.path when run as a script
-from cutetune.models.evaluate import group_kfold, group_offsets, score_problems
+from cutetune.models.evaluate import group_offsets, score_problems
 from cutetune.models.fallback import (CublasFallback, fallback_inputs, held_out_predictions,
                                      outcome)
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     data, X, desc = load(args.data, args.kind)
     runs = []
     for split_seed in args.splits:
-        splits = group_kfold(data.n_problems, args.folds, split_seed)
+        splits = data.folds(args.folds, split_seed)
         ranker, timer = out_of_fold(data, X, splits, 0)
         score = ranker + args.weight * timer
         ps = score_problems(data.time_ms, score, data.group, data.m, data.cublas_ms)

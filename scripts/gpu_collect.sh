@@ -11,6 +11,8 @@
 #   grouped_rest   a sample of the configs of the dearer forward GEMMs and of the input and
 #                  weight gradients' GEMMs
 #   grouped_grads  a sample of the configs of the cheaper input and weight gradients' GEMMs
+#   grouped_routings  the MoE suite's GEMMs under a balanced and a skewed routing each (each
+#                  had one drawn routing): a sample of 48 configs
 #                  (grouped: -> the dataset h200_bf16_grouped, resumed from the committed one;
 #                  scripts/grouped_plan.py splits)
 #   grouped_mm_tests  cutetune.grouped_mm's GPU tests and the harness's -> $OUT/gpu_tests_grouped_mm.log
@@ -66,6 +68,11 @@ for stage in "$@"; do
       grouped sampled_fwd.json sample:48 "$(( $(left 30) / 2 ))" fwd_sampled
       grouped sampled_dgrad.json sample:32 "$(( $(left 30) / 2 ))" dgrad_sampled
       grouped sampled_wgrad.json sample:32 "$(left 30)" wgrad_sampled ;;
+    grouped_routings)
+      [ -d "$ROOT/h200_bf16_grouped" ] || cp -r data/inputs/h200_bf16_grouped "$ROOT/"
+      python -m cutetune collect --problems moe --configs sample:48 --routings balanced,skewed \
+        --out "$ROOT/h200_bf16_grouped" --time-budget "$(left 30)" \
+        --stats "$OUT/collect_routings_stats.json" 2>&1 | tail -n 4 ;;
     grouped_grads)
       grouped exhaustive_dgrad.json sample:32 "$(( $(left 30) / 2 ))" dgrad_cheap
       grouped exhaustive_wgrad.json sample:32 "$(left 30)" wgrad_cheap ;;

@@ -34,7 +34,7 @@ import numpy as np
 from cutetune.models.crossval import held_out_scores
 from cutetune.models.data import load_measurements
 from cutetune.models.dataset import load
-from cutetune.models.evaluate import group_kfold, summarize
+from cutetune.models.evaluate import summarize
 from cutetune.models.features import dataset_features
 from cutetune.models.learners import BoosterModel
 from cutetune.models.methods import Method, blend_method
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 "balanced": (Xrb, base)}
     runs = []
     for split_seed in args.split_seeds:
-        splits = group_kfold(data.n_problems, args.folds, split_seed)
+        splits = data.folds(args.folds, split_seed)
         for name, (features, params) in variants.items():
             method = blend_method("rank:pairwise", weight, 0, **params)
             if name == "balanced":

@@ -17,7 +17,6 @@ import time
 
 from cutetune import progress
 from cutetune.models.data import load_measurements
-from cutetune.models.evaluate import group_kfold
 from cutetune.models.file_heldout import TARGETS, replay, summarize
 from cutetune.models.heuristics import Heuristics, default_path
 from cutetune.models.train import TrainOptions, train
@@ -41,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     grid = Heuristics.load(args.heuristics).grid
     options = TrainOptions(folds=args.folds, seed=args.seed, objectives=tuple(args.objectives),
                            baselines=False, family_out=False, threads=args.threads)
-    splits = group_kfold(data.n_problems, args.folds, args.seed)
+    splits = data.folds(args.folds, args.seed)
     t0 = time.perf_counter()
     with progress.bar(len(splits), "folds", unit="fold") as bar:
         rep = replay(data, lambda sub: train(sub, options)[0], splits, grid, bar.update)

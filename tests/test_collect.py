@@ -103,7 +103,7 @@ def test_dataset_append_is_atomic_and_checked(tmp_path):
     dataset.append(out, [{**p.to_dict(), "problem_key": p.key(), "backend": "cublas",
                           "config_key": "", "status": "ok", "time_ms": 0.5}])
     assert not list(out.glob(".*.tmp"))
-    assert dataset.done_keys(out) == {(p.key(), "cublas", "")}
+    assert dataset.done_keys(out) == {dataset.measurement_key(p.key(), "cublas")}
     (out / "part-999999-bad.parquet").write_bytes(b"not parquet")
     with pytest.raises(dataset.DatasetError, match="corrupt dataset part"):
         dataset.load(out)
@@ -232,6 +232,34 @@ def test_collect_measures_grouped_problems_with_their_routing_and_resumes(tmp_pa
         assert {dataset.problem_of(r) for r in mine} == {p}
         assert {r["expert_counts"] for r in mine} == {json.dumps(list(routed_counts(p, 0)))}
         assert all(r["experts"] == p.experts and r["gemm"] == "fwd" for r in mine)
+
+
+def test_collect_measures_each_routing_asked_and_resumes_each(tmp_path):
+    """With routings, a grouped problem is measured under each (its ATen row too), each
+    routing's rows are their own measurements (kept apart when the dataset loads), and a
+    rerun with one more routing measures only that one; an unknown routing is named."""
+    import json
+
+    from cutetune.space.enumerate import enumerate_configs
+    from cutetune.space.problem import GroupedProblem
+    from cutetune.tuner.measure.collect import routed_counts
+
+    p = GroupedProblem(8, 1000, 1024, 2048)
+    cfg_file = tmp_path / "c.json"
+    cfg_file.write_text(json.dumps([c.to_dict() for c in enumerate_configs("sm90", p)[:2]]))
+    out = tmp_path / "ds"
+    kw = dict(compile_workers=1, cache_dir=str(tmp_path / "cache"), gpu_init=fake_init,
+              compile_fn=fake_compile, measure_fn=grouped_fake_measure)
+    assert collect([("t", p)], str(cfg_file), str(out), routings=["balanced"], **kw)[
+        "measured"] == 3
+    assert collect([("t", p)], str(cfg_file), str(out), routings=["balanced", "skewed"],
+                   **kw)["measured"] == 3
+    rows = dataset.load(out).to_pylist()
+    by_routing = {r: [x for x in rows if x["expert_counts"] == r] for r in
+                  (dataset.routing_text(routed_counts(p, 0, k)) for k in ("balanced", "skewed"))}
+    assert [len(v) for v in by_routing.values()] == [3, 3] and len(rows) == 6
+    with pytest.raises(ValueError, match="unknown routing uniform; known: balanced"):
+        collect([("t", p)], str(cfg_file), str(out), routings=["uniform"], **kw)
 
 
 def test_a_version_1_dataset_part_reads_with_the_grouped_columns_null(tmp_path):

@@ -25,6 +25,7 @@ from optuna.trial import TrialState
 
 from cutetune.errors import CutetuneError
 from cutetune.models import dataset
+from cutetune.models.dataset import measurement_key as key
 from cutetune.space import GemmProblem, KernelConfig
 from cutetune.tuner.fleet import plan as fplan, queue as fqueue, run as frun
 from cutetune.tuner.measure import timing
@@ -48,8 +49,8 @@ def _recorded_problems(recorded: dict, n: int) -> list[dict]:
     """The first n train problems whose sampled configs and cuBLAS row are all recorded."""
     out = []
     for suite, p in load_problems("train", "bf16", "sm90", 0):
-        keys = [(p.key(), "cublas", "")] + [(p.key(), "quack", c.short())
-                                            for c in configs_for(p, CONFIGS, 0)]
+        keys = [key(p.key(), "cublas")] + [key(p.key(), "quack", c.short())
+                                           for c in configs_for(p, CONFIGS, 0)]
         if all(k in recorded for k in keys):
             out.append({"m": p.m, "n": p.n, "k": p.k, "suite": suite})
         if len(out) == n:
@@ -95,13 +96,13 @@ def test_plan_covers_pending_work_once():
                     for n in (64, 96, 128, 160, 192))
     work = fplan.Work("t", "sm90", "bf16", configs, 0, item_size=2)
     p1, p2, p3 = GemmProblem(256, 512, 1024), GemmProblem(64, 1024, 512), GemmProblem(128, 128, 128)
-    done = {(p1.key(), "quack", configs[0].short()), (p2.key(), "cublas", "")}
-    done |= {(p3.key(), "quack", c.short()) for c in configs}
+    done = {key(p1.key(), "quack", configs[0].short()), key(p2.key(), "cublas")}
+    done |= {key(p3.key(), "quack", c.short()) for c in configs}
     items = fplan.plan_items([("a", p1), ("b", p2), ("a", p1), ("c", p3)], work, done)
     plan = fplan.Plan(work, {it.key: it for it in items})
     assert fplan.Plan.from_json(plan.to_json()) == plan
-    got = [(it.problem.key(), "quack", c.short()) for it in items for c in plan.configs(it)]
-    want = {(p.key(), "quack", c.short()) for p in (p1, p2, p3) for c in configs} - done
+    got = [key(it.problem.key(), "quack", c.short()) for it in items for c in plan.configs(it)]
+    want = {key(p.key(), "quack", c.short()) for p in (p1, p2, p3) for c in configs} - done
     assert len(got) == len(set(got)) and set(got) == want
     assert [it.key for it in items if it.cublas] == [f"{p1.key()}#0", f"{p3.key()}#0"]
     assert max(len(it.indices) for it in items) == 2

@@ -62,9 +62,10 @@ def routed_rows(p: GroupedProblem) -> int:
     return p.m if p.ragged == "m" else p.k
 
 
-def synthetic_rows(suite: str, p: GroupedProblem, configs, rng) -> list[dict]:
+def synthetic_rows(suite: str, p: GroupedProblem, configs, rng, routing: str = "balanced"
+                   ) -> list[dict]:
     t = noiseless_ms(p, configs)
-    counts = json.dumps(routing_counts(p.experts, routed_rows(p), "balanced").tolist())
+    counts = json.dumps(routing_counts(p.experts, routed_rows(p), routing).tolist())
     base = {"device_name": DEVICE, "run_id": RUN_ID, "problem_key": p.key(), "suite": suite,
             **p.to_dict(), "expert_counts": counts}
     rows = [{**base, **c.to_dict(), "backend": "quack", "config_key": c.short(), "status": "ok",
@@ -170,6 +171,37 @@ def test_grouped_dataset_view(trained):
     assert X.shape == (len(data.time_ms), len(GROUPED_FEATURE_NAMES)) and np.isfinite(X).all()
     assert data.swept.sum() == 1 and np.bincount(data.group)[data.swept][0] == len(
         enumerate_configs("sm90", SWEPT[1]))
+
+
+def test_a_shape_under_two_routings_is_two_problems_in_one_fold(tmp_path):
+    """Each routing's rows are a problem of their own (their configs ran on other work), with
+    its own ATen time; cross-validation keeps a shape's routings in one fold; and a model
+    trains on such a dataset."""
+    rng = np.random.default_rng(0)
+    problems = grouped_problems()[:10]
+    rows = []
+    for i, (suite, p) in enumerate(problems):
+        for slower, routing in ((1, "balanced"), (2, "skewed"))[:1 + i % 2]:
+            rows += [{**r, "time_ms": r["time_ms"] * slower} if r["backend"] == "aten" else r
+                     for r in synthetic_rows(suite, p, sample_configs(p.arch, 8, i, p), rng,
+                                             routing)]
+    append(tmp_path / "data", rows)
+    data = load_measurements(tmp_path / "data")
+    assert data.n_problems == 15 and len(set(data.problems)) == 10
+    assert data.shapes is not None and len(set(data.shapes.tolist())) == 10
+    twice = [p for _, p in problems[1::2]]
+    for p in twice:
+        mine = [i for i, q in enumerate(data.problems) if q == p]
+        assert len(mine) == 2 and len(set(data.shapes[mine])) == 1
+        assert sorted(data.cublas_ms[mine] / data.cublas_ms[mine].min()) == [1, 2]
+    for k in (2, 3, 10):
+        for train, test in data.folds(k, seed=1):
+            assert not set(data.shapes[train]) & set(data.shapes[test])
+            assert len(train) + len(test) == 15
+    with pytest.raises(ValueError, match="11 folds for 10 problems \\(15 with their routings"):
+        data.folds(11)
+    assert main(["train", str(tmp_path / "data"), "--out", str(tmp_path / "m.json"),
+                 *TINY]) == 0
 
 
 # ---------------------------------------------------------------- one kind per model

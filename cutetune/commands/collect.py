@@ -3,7 +3,8 @@ a fleet sharing one queue (``tuner/measure/collect.py``, ``tuner/fleet/``)."""
 
 from __future__ import annotations
 
-from ..tuner.measure.collect import collect, load_problems
+from ..space.suites import ROUTINGS
+from ..tuner.measure.collect import check_routings, collect, load_problems
 from ..tuner.measure.timing import TimingPolicy
 from ..tuner.measure.collect import __doc__ as DOC
 from .options import at_least, more_than
@@ -31,12 +32,19 @@ def register(sub) -> None:
     p.add_argument("--target-ms", action=more_than(0), default=TimingPolicy.target_ms,
                    help="timed GPU milliseconds per measurement (sets the repeats)")
     p.add_argument("--stats", default=None, help="write throughput stats JSON here")
+    p.add_argument("--routings", default=None, metavar="R1,R2",
+                   help="grouped problems: measure each under these routings of its rows "
+                        f"({', '.join(ROUTINGS)}; default: one drawn per problem)")
     fleet_cli.add_arguments(p)
     p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
+    routings = None if args.routings is None else check_routings(args.routings.split(","))
     if fleet_cli.requested(args):
+        if routings is not None:
+            raise ValueError("--routings is for grouped problems, which a fleet does not "
+                             "measure: collect them on one host")
         from ..tuner.fleet.run import run_fleet
 
         return run_fleet(args)
@@ -46,5 +54,6 @@ def _run(args) -> int:
     problems = load_problems(args.problems, args.dtype, args.arch, args.seed)[:args.limit_problems]
     collect(problems, args.configs, args.out, seed=args.seed, time_budget_s=args.time_budget,
             compile_workers=args.compile_workers, cache_dir=args.cache_dir,
-            policy=TimingPolicy(target_ms=args.target_ms), stats_path=args.stats)
+            policy=TimingPolicy(target_ms=args.target_ms), stats_path=args.stats,
+            routings=routings)
     return 0

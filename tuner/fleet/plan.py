@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 
 
+from ...models.dataset import measurement_key
 from ...space.config import KernelConfig
 from ...space.problem import GemmProblem
 from ..measure.collect import configs_for
@@ -133,8 +134,9 @@ def plan_items(problems: list[tuple[str, GemmProblem]], work: Work,
             continue
         seen.add(p)
         pk, cands = p.key(), work.candidates(p)
-        todo = [i for i, c in enumerate(cands) if (pk, "quack", c.short()) not in done]
-        cublas = (pk, "cublas", "") not in done
+        todo = [i for i, c in enumerate(cands)
+                if measurement_key(pk, "quack", c.short()) not in done]
+        cublas = measurement_key(pk, "cublas") not in done
         chunks = [todo[i:i + work.item_size] for i in range(0, len(todo), work.item_size)]
         for j, chunk in enumerate(chunks or ([[]] if cublas else [])):
             items.append(WorkItem(f"{pk}#{j}", suite, p, tuple(chunk), cublas and j == 0,

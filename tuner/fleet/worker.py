@@ -62,8 +62,8 @@ class ReplayExecutor:
         time.sleep(max(wait, 0.0))
         self.current = None
         pk = item.problem.key()
-        keys = [(pk, "quack", c.short()) for c in configs]
-        keys = [(pk, "cublas", "")] + keys if item.cublas else keys
+        keys = [dataset.measurement_key(pk, "quack", c.short()) for c in configs]
+        keys = [dataset.measurement_key(pk, "cublas")] + keys if item.cublas else keys
         missing = [k for k in keys if k not in self.rows]
         if missing:
             return [Done(tid, [], f"replay: the dataset has no row for {missing[0]} "

@@ -59,12 +59,26 @@ def baseline_backend(problem) -> str:
     return kind_of(problem).baseline_backend
 
 
-def routed_counts(problem: GroupedProblem, seed: int) -> tuple[int, ...]:
-    """How a grouped problem's ragged rows split among its experts when it is measured: one of
-    the ``ROUTINGS``, drawn per problem (seeded), so a suite covers each."""
-    routing = ROUTINGS[_problem_hash(problem, seed) % len(ROUTINGS)]
+def routed_counts(problem: GroupedProblem, seed: int, routing: str | None = None
+                  ) -> tuple[int, ...]:
+    """How a grouped problem's ragged rows split among its experts when it is measured: the
+    ``routing`` of ``ROUTINGS``, else one drawn per problem (seeded), so a suite covers each."""
+    routing = routing or ROUTINGS[_problem_hash(problem, seed) % len(ROUTINGS)]
     rows = kind_of(problem).size(problem)  # the ragged total
     return tuple(int(c) for c in routing_counts(problem.experts, rows, routing, seed))
+
+
+def check_routings(routings) -> tuple[str, ...] | None:
+    """``routings`` (names of ``ROUTINGS``, or None: one drawn per problem) as a tuple;
+    ValueError naming an unknown one."""
+    if routings is None:
+        return None
+    routings = tuple(routings)
+    unknown = [r for r in routings if r not in ROUTINGS]
+    if unknown or not routings:
+        raise ValueError(f"unknown routing {', '.join(unknown) or '(none given)'}; known: "
+                         f"{', '.join(ROUTINGS)}")
+    return tuple(dict.fromkeys(routings))
 
 
 def _problem_hash(problem, seed: int) -> int:
@@ -128,14 +142,17 @@ class Progress:
 def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget_s: float = 1e9,
             compile_workers: int | None = None, cache_dir: str | None = None,
             policy: TimingPolicy = TimingPolicy(), stats_path: str | None = None,
-            measure_fn=measure_task, gpu_init=init_gpu_worker, compile_fn=None) -> dict:
-    """Measure ``problems`` (list of (suite, GemmProblem)) x configs into dataset ``out``.
+            routings=None, measure_fn=measure_task, gpu_init=init_gpu_worker,
+            compile_fn=None) -> dict:
+    """Measure ``problems`` (list of (suite, GemmProblem)) x configs into dataset ``out``; a
+    grouped problem under each of ``routings`` (``check_routings``; None: one drawn for it).
 
     ``measure_fn(MeasureTask) -> rows``, run in a worker set up by ``gpu_init(cache_dir)``, and
     ``compile_fn((problem, config)) -> seconds``, run in GPU-blind workers, are the two edges
     to the hardware (see tuner.executor); tests swap them to exercise scheduling, isolation
     and resume. Past ``time_budget_s`` no new GPU task starts; the one running finishes.
     """
+    routings = check_routings(routings)
     done = dataset.done_keys(out)
     arches = {p.arch for _, p in problems}
     if len(arches) != 1:
@@ -150,13 +167,18 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
         if p in seen:
             continue
         seen.add(p)
-        todo = [c for c in configs_for(p, configs_spec, seed)
-                if (p.key(), "quack", c.short()) not in done]
-        cublas = (p.key(), baseline_backend(p), "") not in done
-        counts = routed_counts(p, seed) if isinstance(p, GroupedProblem) else None
-        for i in range(0, max(len(todo), 1), CHUNK):
-            if todo[i:i + CHUNK] or cublas:
-                requests.append((Measure(p, name, cublas and i == 0, counts), todo[i:i + CHUNK]))
+        configs = configs_for(p, configs_spec, seed)
+        splits = ([routed_counts(p, seed, r) for r in routings or (None,)]
+                  if isinstance(p, GroupedProblem) else [None])
+        for counts in dict.fromkeys(splits):  # two routings may split the rows alike
+            routing = dataset.routing_text(counts)
+            todo = [c for c in configs
+                    if dataset.measurement_key(p.key(), "quack", c.short(), routing) not in done]
+            cublas = dataset.measurement_key(p.key(), baseline_backend(p), "", routing) not in done
+            for i in range(0, max(len(todo), 1), CHUNK):
+                if todo[i:i + CHUNK] or cublas:
+                    requests.append((Measure(p, name, cublas and i == 0, counts),
+                                     todo[i:i + CHUNK]))
     total = sum(len(cs) for _, cs in requests)
     print(f"collect: {len(seen)} problems, {total} pending measurements in {len(requests)} "
           f"requests", file=sys.stderr)

@@ -8,11 +8,11 @@ config that still fails, or whose kernel does not compile, is recorded with that
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from ...models import dataset
 from ...space.config import KernelConfig
 from ...space.problem import GemmProblem
 
@@ -119,7 +119,7 @@ class GpuExecutor:
 
     def _failed(self, job: _Job, configs, status: str, error: str) -> list[dict]:
         p, counts = job.request.problem, getattr(job.request, "counts", None)
-        extra = {} if counts is None else {"expert_counts": json.dumps(list(counts))}
+        extra = {} if counts is None else {"expert_counts": dataset.routing_text(counts)}
         return [{**p.to_dict(), **c.to_dict(), **extra, "problem_key": p.key(),
                  "suite": job.request.suite,
                  "backend": "quack", "config_key": c.short(), "status": status,

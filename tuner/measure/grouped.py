@@ -8,9 +8,9 @@ suite's routing) changes the time, so every row records the split it was measure
 
 from __future__ import annotations
 
-import json
 import math
 
+from ...models.dataset import routing_text
 from ...models.kinds import GROUPED
 
 from .timing import L2_MULTIPLE, MeasureTask, _STATE, _row, timed_outcome
@@ -90,7 +90,7 @@ def measure_grouped(task: MeasureTask) -> list[dict]:
     from ..kernels.quack_gemm import grouped_kernel
 
     buf = _buffers(task.problem, tuple(task.counts))
-    extra = {"expert_counts": json.dumps(buf.counts)}
+    extra = {"expert_counts": routing_text(buf.counts)}
     rows = []
     if task.cublas:
         def aten(a, b, d, cu, offs):
