@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .dataset import CONFIG_COLUMNS, DatasetError, load, parts, problem_of
+from .dataset import CONFIG_COLUMNS, DatasetError, load, parts, problem_identity, problem_of
 from .evaluate import group_kfold
 from .kinds import KINDS, ProblemKind, kind_named, kind_of
 from ..space.enumerate import enumerate_configs
@@ -60,6 +60,7 @@ class Measurements:
     device_name: str
     failed_rows: int = 0
     shapes: np.ndarray | None = None  # per problem: its shape's index (None: one each)
+    routings: np.ndarray | None = None  # per grouped problem: its expert_counts (JSON text)
 
     @property
     def n_problems(self) -> int:
@@ -97,7 +98,8 @@ class Measurements:
             group=renum[self.group[rows]], problems=tuple(self.problems[i] for i in problem_idx),
             suites=self.suites[problem_idx], cublas_ms=self.cublas_ms[problem_idx],
             swept=self.swept[problem_idx], device_name=self.device_name, failed_rows=0,
-            shapes=None if self.shapes is None else self.shapes[problem_idx])
+            shapes=None if self.shapes is None else self.shapes[problem_idx],
+            routings=None if self.routings is None else self.routings[problem_idx])
 
 
 def _numpy(table: pa.Table, name: str) -> np.ndarray:
@@ -159,12 +161,13 @@ def from_table(table: pa.Table, kind: str | None = None) -> Measurements:
     keys = keys[rows]
 
     problem_keys, group = np.unique(keys, return_inverse=True)
-    shape_keys = np.array([k.split(ROUTED)[0] for k in problem_keys])
     cols = {c: _numpy(quack, c)[rows] for c in kind.problem_columns + CONFIG_COLUMNS}
     first_row = np.searchsorted(keys, problem_keys)
     problems = tuple(problem_of({c: cols[c][r] for c in kind.problem_columns})
                      for r in first_row)
     suites = _numpy(quack, "suite")[rows][first_row]
+    shape_keys = _numpy(quack, "problem_key")[rows][first_row]
+    routings = _numpy(quack, "expert_counts")[rows][first_row]
     suites = np.array([s if s else "unknown" for s in suites], dtype=object)
 
     cub = dict(zip(_identities(baseline), _numpy(baseline, "time_ms").astype(float)))
@@ -178,19 +181,14 @@ def from_table(table: pa.Table, kind: str | None = None) -> Measurements:
     return Measurements(cols=cols, time_ms=med, group=group, problems=problems, suites=suites,
                         cublas_ms=cublas_ms, swept=swept, device_name=devices[0],
                         failed_rows=failed.num_rows,
-                        shapes=shapes if len(set(shapes)) < len(shapes) else None)
-
-
-# Between a grouped problem's key and its routing in its identity: below every character of a
-# key, so identities sort as (key, routing) pairs would.
-ROUTED = "\x01"
+                        shapes=shapes if len(set(shapes)) < len(shapes) else None,
+                        routings=routings if kind.name == "grouped" else None)
 
 
 def _identities(table: pa.Table) -> np.ndarray:
-    """Each row's problem: its key and, for a grouped problem, its routing."""
-    keys = _numpy(table, "problem_key").astype(str)
-    routing = _numpy(table, "expert_counts")
-    return np.array([k if r is None else f"{k}{ROUTED}{r}" for k, r in zip(keys, routing)],
+    """Each row's ``problem_identity``."""
+    return np.array([problem_identity(k, r) for k, r in zip(_numpy(table, "problem_key"),
+                                                             _numpy(table, "expert_counts"))],
                     dtype=str)
 
 

@@ -103,6 +103,20 @@ def measurement_key(problem_key: str, backend: str, config_key: str = "",
     return (problem_key, backend, config_key, routing)
 
 
+def row_key(row: dict) -> tuple:
+    """``measurement_key`` of a row, as measured (a dense row may lack expert_counts until
+    ``append`` writes it) or loaded."""
+    return measurement_key(row["problem_key"], row["backend"], row["config_key"],
+                           row.get("expert_counts"))
+
+
+def problem_identity(problem_key: str, routing: str | None) -> str:
+    """What a measured problem is: its key and, for a grouped one, its routing (the same
+    shape under two routings is two problems: its configs ran on other work). Identities
+    sort as (key, routing) pairs do."""
+    return problem_key if routing is None else f"{problem_key}\x01{routing}"
+
+
 def append(path: str | os.PathLike, rows: list[dict]) -> Path | None:
     """Append ``rows`` as one new part, atomically (write a temporary file, then rename)."""
     if not rows:
@@ -142,8 +156,11 @@ def load(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
         raise DatasetError(f"no dataset parts (part-*.parquet) under {path}")
     tables = []
     for f in files:
-        try:
-            t = pq.read_table(f, columns=columns)
+        try:  # the asked columns the part has, and its version (an older one lacks some)
+            held = pq.read_schema(f).names
+            asked = None if columns is None else [
+                c for c in dict.fromkeys([*columns, "schema_version"]) if c in held]
+            t = pq.read_table(f, columns=asked)
         except Exception as e:  # pyarrow raises several types for damaged files
             raise DatasetError(f"corrupt dataset part {f}: {e}") from e
         versions = (set(t.column("schema_version").to_pylist())
@@ -155,11 +172,13 @@ def load(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
         missing = set(columns or SCHEMA.names) - set(t.column_names)
         if missing:
             raise DatasetError(f"dataset part {f} lacks columns {sorted(missing)}")
+        if columns is not None:
+            t = t.select([n for n in t.column_names if n in columns])
         tables.append(_checked(f, t))
     table = pa.concat_tables(tables)
     if columns is None or set(KEY_COLUMNS) <= set(columns):
         # A compaction killed between its rename and its deletes leaves rows twice: keep one.
-        keys = zip(*(table.column(c).to_pylist() for c in KEY_COLUMNS))
+        keys = zip(*(table.column(c).to_pylist() for c in KEY_COLUMNS))  # row_key's order
         seen, keep = set(), []
         for i, key in enumerate(keys):
             if key not in seen:
@@ -228,5 +247,4 @@ def done_keys(path: str | os.PathLike) -> set[tuple]:
     """Keys already measured (any status), so a resumed run skips them."""
     if not parts(path):
         return set()
-    t = load(path, columns=list(KEY_COLUMNS))
-    return set(zip(*(t.column(c).to_pylist() for c in KEY_COLUMNS)))
+    return {row_key(r) for r in load(path, columns=list(KEY_COLUMNS)).to_pylist()}

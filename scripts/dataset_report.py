@@ -36,12 +36,12 @@ def main() -> None:
     args = ap.parse_args()
     rows = dataset.load(args.data).to_pylist()
     quack = [r for r in rows if r["backend"] == "quack"]
-    cublas = {r["problem_key"]: r for r in rows
+    cublas = {identity(r): r for r in rows
               if r["backend"] == kind_of(dataset.problem_of(r)).baseline_backend
               and r["status"] == "ok"}
     problems = {}
     for r in quack:
-        problems.setdefault(r["problem_key"], []).append(r)
+        problems.setdefault(identity(r), []).append(r)
     n_valid = {}
     for key, rs in problems.items():
         p = dataset.problem_of(rs[0])
@@ -79,10 +79,10 @@ def main() -> None:
     # Timing noise: the same (problem, config) measured twice, minutes apart.
     noise = {}
     if args.repeat and Path(args.repeat).exists():
-        first = {dataset_key(r): r["time_ms"] for r in rows if r["status"] == "ok"}
-        diffs = [abs(r["time_ms"] - first[dataset_key(r)]) / first[dataset_key(r)]
+        first = {dataset.row_key(r): r["time_ms"] for r in rows if r["status"] == "ok"}
+        diffs = [abs(r["time_ms"] - first[dataset.row_key(r)]) / first[dataset.row_key(r)]
                  for r in dataset.load(args.repeat).to_pylist()
-                 if r["status"] == "ok" and dataset_key(r) in first]
+                 if r["status"] == "ok" and dataset.row_key(r) in first]
         if diffs:
             noise = {"pairs": len(diffs), "median_rel_diff": float(np.median(diffs)),
                      "p90_rel_diff": float(np.quantile(diffs, 0.9)), "max_rel_diff": float(max(diffs))}
@@ -111,8 +111,9 @@ def main() -> None:
     print(out.with_suffix(".md").read_text())
 
 
-def dataset_key(r: dict) -> tuple:
-    return tuple(r[c] for c in dataset.KEY_COLUMNS)
+def identity(r: dict) -> str:
+    """The row's problem (a grouped shape's routings are problems of their own)."""
+    return dataset.problem_identity(r["problem_key"], r["expert_counts"])
 
 
 def write_markdown(path: Path, rep: dict, args) -> None:

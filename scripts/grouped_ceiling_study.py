@@ -33,7 +33,6 @@ import numpy as np
 
 from cutetune.models.crossval import held_out_scores
 from cutetune.models.data import load_measurements
-from cutetune.models.dataset import load
 from cutetune.models.evaluate import summarize
 from cutetune.models.features import dataset_features
 from cutetune.models.learners import BoosterModel
@@ -45,16 +44,13 @@ from cutetune.space.features import GROUPED_FEATURE_NAMES
 ROUTING_NAMES = ("max_over_mean", "counts_cv", "empty_share", "log2_max_rows", "max_row_tiles")
 
 
-def measured_routing(path: str, data) -> np.ndarray:
-    """(problems, 5): each problem's measured routing (dataset column expert_counts): the
+def measured_routing(data) -> np.ndarray:
+    """(problems, 5): each problem's measured routing (``Measurements.routings``): the
     largest expert over the mean, the counts' CV, the share of empty experts, and the largest
     expert's rows (log2 of it plus one, and itself)."""
-    table = load(path, columns=["problem_key", "expert_counts"])
-    counts = dict(zip(table.column("problem_key").to_pylist(),
-                      table.column("expert_counts").to_pylist()))
     out = []
-    for p in data.problems:
-        c = np.asarray(json.loads(counts[p.key()]), np.float64)
+    for routing in data.routings:
+        c = np.asarray(json.loads(routing), np.float64)
         mean = max(c.mean(), 1e-9)
         out.append((c.max() / mean, c.std() / mean, float(np.mean(c == 0)),
                     np.log2(c.max() + 1), c.max()))
@@ -102,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     data = load_measurements(args.data, "grouped")
     X = dataset_features(data, device_for(data.device_name))
-    routing = measured_routing(args.data, data)
+    routing = measured_routing(data)
     R, Rb = routing_features(routing, data, X)
     Xr = np.hstack([X, R]).astype(np.float32)
     Xrb = np.hstack([X, R, Rb]).astype(np.float32)

@@ -273,3 +273,7 @@ def test_a_version_1_dataset_part_reads_with_the_grouped_columns_null(tmp_path):
     pq.write_table(pa.Table.from_pylist([row], schema=old), tmp_path / "part-000000-x.parquet")
     t = dataset.load(tmp_path)
     assert t.column("experts").to_pylist() == [None] and t.column("time_ms").to_pylist() == [1.0]
+    # resuming it reads its keys, the routing (added in version 2) null
+    assert dataset.done_keys(tmp_path) == {dataset.measurement_key("p", "cublas")}
+    assert dataset.load(tmp_path, columns=["problem_key", "expert_counts"]).column_names == [
+        "problem_key", "expert_counts"]

@@ -42,7 +42,7 @@ CONFIGS = "sample:150"  # how data/inputs/h200_bf16's train problems were collec
 @pytest.fixture(scope="module")
 def recorded() -> dict:
     t = dataset.load(RECORDED)
-    return {tuple(r[c] for c in dataset.KEY_COLUMNS): r for r in t.to_pylist()}
+    return {dataset.row_key(r): r for r in t.to_pylist()}
 
 
 def _recorded_problems(recorded: dict, n: int) -> list[dict]:
@@ -84,11 +84,29 @@ def _check_exactly_once(storage, study_name: str, out: Path, problems: list[dict
     assert set(complete) == set(plan.items)
     assert set(complete.values()) == {1}
     rows = dataset.load(out).to_pylist()
-    keys = [tuple(r[c] for c in dataset.KEY_COLUMNS) for r in rows]
+    keys = [dataset.row_key(r) for r in rows]
     assert len(keys) == len(set(keys)) == len(problems) * (150 + 1)
     for k, r in zip(keys, rows):
         assert r["time_ms"] == recorded[k]["time_ms"] and r["device_name"] == "NVIDIA H200"
     return study
+
+
+def test_export_appends_rows_as_a_gpu_worker_makes_them(tmp_path):
+    """A dense row as the GPU harness makes it has no expert_counts (the dataset writes it
+    null): export keys and appends it, once."""
+    from cutetune.tuner.fleet.queue import encode_rows
+
+    study = optuna.create_study()
+    row = {"problem_key": "p", "backend": "cublas", "config_key": "", "status": "ok",
+           "time_ms": 1.0}
+    for item in ("p#0", "p#0"):  # a duplicate item's rows count once
+        trial = study.ask()
+        trial.set_user_attr(fplan.ITEM_ATTR, item)
+        trial.set_user_attr(fplan.ROWS_ATTR, encode_rows([row]))
+        study.tell(trial, 0.0)
+    got = frun.export(study, str(tmp_path / "out"))
+    assert (got["appended"], got["duplicate_items"]) == (1, 1)
+    assert dataset.done_keys(tmp_path / "out") == {key("p", "cublas")}
 
 
 def test_plan_covers_pending_work_once():
@@ -238,3 +256,15 @@ def test_postgres_fleet_survives_a_killed_worker(tmp_path, recorded):
             optuna.delete_study(study_name=name, storage=storage)
         except KeyError:
             pass
+
+
+def test_a_fleet_refuses_grouped_problems_with_one_line(tmp_path, capsys):
+    """Its plan and workers know dense GEMMs only: grouped ones are collected on one host."""
+    from cutetune.cli import main
+
+    common = ["collect", "--storage", f"sqlite:///{tmp_path}/q.db", "--out", str(tmp_path / "o"),
+              "--backend", f"replay:{RECORDED}"]
+    assert main([*common, "--problems", "moe"]) == 2
+    assert "a fleet measures dense GEMMs; moe holds grouped ones" in capsys.readouterr().err
+    assert main([*common, "--problems", "moe", "--routings", "balanced"]) == 2
+    assert "--routings is for grouped problems" in capsys.readouterr().err

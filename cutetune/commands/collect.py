@@ -34,7 +34,7 @@ def register(sub) -> None:
     p.add_argument("--stats", default=None, help="write throughput stats JSON here")
     p.add_argument("--routings", default=None, metavar="R1,R2",
                    help="grouped problems: measure each under these routings of its rows "
-                        f"({', '.join(ROUTINGS)}; default: one drawn per problem)")
+                        f"({', '.join(ROUTINGS)}; default: one drawn per problem by --seed)")
     fleet_cli.add_arguments(p)
     p.set_defaults(func=_run)
 
@@ -44,7 +44,7 @@ def _run(args) -> int:
     if fleet_cli.requested(args):
         if routings is not None:
             raise ValueError("--routings is for grouped problems, which a fleet does not "
-                             "measure: collect them on one host")
+                             "measure: collect them on one host (without --storage)")
         from ..tuner.fleet.run import run_fleet
 
         return run_fleet(args)

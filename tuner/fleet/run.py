@@ -16,6 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 from ...models import dataset
 from ..kernels.compile import kernel_cache_dir
 from ...errors import UserError
+from ...space.problem import GemmProblem
 from ..measure.collect import configs_for, load_problems
 from ..measure.timing import require_gpu
 from ..search.storage import open_storage, safe_url
@@ -38,7 +39,7 @@ def export(study: optuna.Study, out: str) -> dict:
     have = dataset.done_keys(out)
     new = []
     for r in rows:
-        k = tuple(r[c] for c in dataset.KEY_COLUMNS)
+        k = dataset.row_key(r)
         if k not in have:
             have.add(k)
             new.append(r)
@@ -152,6 +153,9 @@ def run_fleet(args) -> int:
         gpus = [None]
     n = args.workers if args.workers is not None else len(gpus)
     problems = load_problems(args.problems, args.dtype, args.arch, args.seed)[:args.limit_problems]
+    if any(not isinstance(p, GemmProblem) for _, p in problems):
+        raise UserError(f"a fleet measures dense GEMMs; {args.problems} holds grouped ones: "
+                        "collect them on one host (without --storage)")
     spec_problems = args.problems + (f"[:{args.limit_problems}]" if args.limit_problems else "")
     configs: str | tuple = args.configs
     if args.configs != "all" and not args.configs.startswith("sample:"):

@@ -41,7 +41,7 @@ class ReplayExecutor:
 
         table = dataset.load(path)
         table = table.filter(pc.is_in(table.column("problem_key"), pa.array(sorted(problem_keys))))
-        self.rows = {tuple(r[c] for c in dataset.KEY_COLUMNS): r for r in table.to_pylist()}
+        self.rows = {dataset.row_key(r): r for r in table.to_pylist()}
         self.delay_s = delay_s
         self.current: tuple[int, WorkItem, list[KernelConfig], float] | None = None
 
