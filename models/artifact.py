@@ -4,9 +4,10 @@ The file holds the XGBoost boosters (UBJ, deflated, base64) next to what is need
 them: the kind of problem it ranks (``kinds``: dense or grouped GEMMs; a file without one is a
 dense model, as every file was before grouped models), arch, dtype and device, the feature
 schema (the kind's feature names at training time), package versions, the sha256 of the
-training data and the held-out metrics. Loading checks all of it against this installation and the request,
-and names the file and the mismatch instead of mis-predicting. A model of one kind refuses to
-rank a problem of the other: each kind has its own file (``shipped_model_path``).
+training data and the held-out metrics. Loading checks all of it against this installation
+and the request, and names the file and the mismatch instead of mis-predicting. A model of one
+kind refuses to rank a problem of the other: each kind has its own file
+(``shipped_model_path``).
 
 Since format version 2 the file carries a checksum of all its bytes (``cutetune.artifacts``),
 checked before XGBoost sees a booster: XGBoost's loader trusts its input, and a changed

@@ -47,8 +47,10 @@ def booster_from_dict(d: dict) -> "xgb.Booster":
 
     if "booster_ubj_zlib_base64" in d:
         raw = zlib.decompress(base64.b64decode(d["booster_ubj_zlib_base64"], validate=True))
-    else:
+    elif "booster_ubj_base64" in d:
         raw = base64.b64decode(d["booster_ubj_base64"], validate=True)
+    else:
+        raise ValueError("a booster's entry holds no booster")
     booster = xgb.Booster()
     booster.load_model(bytearray(raw))
     booster.set_param({"nthread": 1})
