@@ -139,12 +139,6 @@ def held_out_levels(make, X: np.ndarray, log_ratio: np.ndarray, splits, quantile
     return pred
 
 
-def held_out_predictions(make, X: np.ndarray, log_ratio: np.ndarray, splits) -> np.ndarray:
-    """``held_out_levels`` at ``make()``'s own level."""
-    q = make().quantile
-    return held_out_levels(make, X, log_ratio, splits, [q])[q]
-
-
 @dataclass(frozen=True)
 class FallbackOutcome:
     """Held-out effect of the fallback rule at one quantile (times are geomean ratios)."""

@@ -22,11 +22,10 @@ import numpy as np
 from cutetune.models.crossval import held_out_scores
 from cutetune.models.data import load_measurements
 from cutetune.models.evaluate import score_problems, summarize
-from cutetune.models.fallback import (CublasFallback, fallback_inputs, held_out_predictions,
-                                     outcome)
+from cutetune.models.fallback import CublasFallback, fallback_inputs, held_out_levels, outcome
 from cutetune.models.features import dataset_features, problem_descriptors
 from cutetune.models.learners import BoosterModel
-from cutetune.models.methods import xgb_methods
+from cutetune.models.methods import blended, xgb_methods
 from cutetune.models.train import KIND_DEFAULTS
 from cutetune.space.device import device_for
 
@@ -67,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         splits = data.folds(args.folds, split_seed)
         ranker, timer = out_of_fold(data, X, splits, seed)
         for w in args.weights:
-            ps = score_problems(data.time_ms, ranker + w * timer, data.group, data.m,
+            ps = score_problems(data.time_ms, blended(ranker, timer, w), data.group, data.m,
                                 data.cublas_ms, seed=seed)
             s = summarize(ps)
             run = {"split_seed": split_seed, "seed": seed, "timer_weight": w,
@@ -75,10 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                    "top1_min": s["top1_min"], "fallback": []}
             Xf = fallback_inputs(desc, timer[ps.top1_row])
             log_ratio = np.log(ps.top1_ms / data.cublas_ms)
-            for q in args.quantiles:
-                pred = held_out_predictions(
-                    lambda: CublasFallback(q, seed=seed, objective=objective), Xf, log_ratio,
-                    splits)
+            levels = held_out_levels(lambda: CublasFallback(seed=seed, objective=objective),
+                                     Xf, log_ratio, splits, args.quantiles)
+            for q, pred in levels.items():
                 o = outcome(q, pred, log_ratio, objective)
                 run["fallback"].append({"quantile": q, "fallback_rate": o.fallback_rate,
                                         "speedup_vs_aten": o.speedup_vs_cublas,

@@ -26,8 +26,8 @@ import numpy as np
 
 from blend_study import load, out_of_fold  # scripts/, on sys.path when run as a script
 from cutetune.models.evaluate import group_offsets, score_problems
-from cutetune.models.fallback import (CublasFallback, fallback_inputs, held_out_predictions,
-                                     outcome)
+from cutetune.models.fallback import CublasFallback, fallback_inputs, held_out_levels, outcome
+from cutetune.models.methods import blended
 
 
 def uncertainty(pick_score: np.ndarray, log_ms: np.ndarray, group: np.ndarray, k: int = 5
@@ -42,9 +42,8 @@ def uncertainty(pick_score: np.ndarray, log_ms: np.ndarray, group: np.ndarray, k
     return out
 
 
-def judge(name, model, q, X, log_ratio, splits) -> dict:
-    pred = held_out_predictions(lambda: model(q), X, log_ratio, splits)
-    o = outcome(q, pred, log_ratio, model(q).objective)
+def judge(name, objective, q, pred, log_ratio) -> dict:
+    o = outcome(q, pred, log_ratio, objective)
     r = log_ratio[np.isfinite(log_ratio)]
     chosen = np.where(pred[np.isfinite(log_ratio)] > 0, 0.0, r)
     of_oracle = np.exp(np.minimum(r, 0.0) - chosen)
@@ -70,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     for split_seed in args.splits:
         splits = data.folds(args.folds, split_seed)
         ranker, timer = out_of_fold(data, X, splits, 0)
-        score = ranker + args.weight * timer
+        score = blended(ranker, timer, args.weight)
         ps = score_problems(data.time_ms, score, data.group, data.m, data.cublas_ms)
         log_ratio = np.log(ps.top1_ms / data.cublas_ms)
         base = fallback_inputs(desc, timer[ps.top1_row])
@@ -79,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
                                 ("uncertainty", CublasFallback, wide),
                                 ("classifier", partial(CublasFallback, objective="classifier"),
                                  base)):
-            for q in args.quantiles:
-                row = judge(name, model, q, Xf, log_ratio, splits) | {"split_seed": split_seed}
+            levels = held_out_levels(model, Xf, log_ratio, splits, args.quantiles)
+            for q, pred in levels.items():
+                row = judge(name, model().objective, q, pred, log_ratio) | {
+                    "split_seed": split_seed}
                 runs.append(row)
                 print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                for k, v in row.items()), flush=True)
