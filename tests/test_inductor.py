@@ -1227,9 +1227,13 @@ def test_a_chained_pass_keys_a_graph_compiled_during_a_capture_apart(monkeypatch
 
     p = EarlyPrefetchPass(lambda problems: None, "k", lambda device: "sm90")
     outside = p.uuid()
+    ich._SOURCES.setdefault("d1", FakeHeuristics(digest="d1"))
+    choices = ich.ChoicesFactory("predicted", 1, "d1")()  # torch 2.13 asks it too
+    choices_outside = choices.uuid()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert p.uuid() == "cutetune-early-prefetch:k:graphs:None" != outside
+    assert choices.uuid() == choices_outside + ":graphs"
     assert pickle.loads(pickle.dumps(p)) == p.uuid()
     with inductor_config.patch({"triton.cudagraphs": True}):
         monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)

@@ -23,7 +23,8 @@ from ..kernels import aot, launcher, problems, quack_gemm
 from ..kernels.helper import is_library, kernel_key
 from ..kernels.problems import config_tuple, graph_problems, problem_from_inputs
 from .cache_key import decision_code_digest
-from .decisions import NodeDecision, by_m_table, decide, host_bound_us, triton_takers
+from .decisions import (NodeDecision, by_m_table, decide, host_bound_us, triton_takers,
+                        under_cuda_graphs)
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +91,11 @@ class CuteTuneChoices(InductorChoices):
         self._keep_only: dict[str, int] | None = None  # see _finalize_template_configs
 
     def uuid(self) -> str:
-        # under CUDA graphs: the passes' uuids say so (``ChainedPass.uuid``)
+        # a capture in progress decides as CUDA graphs do, which Inductor's config does not
+        # say; torch 2.11 asks the passes' uuids alone (``ChainedPass.uuid`` says it too), and
+        # a user's pass may take the post-grad slot from cutetune's
         return (f"cutetune-{__version__}:{self.mode}:k{self.top_k}:{self.source}:"
-                f"{decision_code_digest()}")
+                f"{decision_code_digest()}{':graphs' if under_cuda_graphs() else ''}")
 
     def decide_node(self, kernel_inputs, op_name: str) -> tuple[GemmProblem | None, NodeDecision]:
         try:

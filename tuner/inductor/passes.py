@@ -60,7 +60,7 @@ class ChainedPass(CustomGraphPass):
         bypasses its caches, as it would for that pass alone. A graph compiled under CUDA
         graphs is decided by GPU time alone (``under_cuda_graphs``), and a capture in progress
         is in no config Inductor keys on: the tag keeps its FX-cache entry apart (every torch
-        asks the passes' uuids; only 2.13 asks the choices')."""
+        asks the passes' uuids; only 2.13 asks the choices', which carry it too)."""
         key = f"{self.NAME}:{self.key}{':graphs' if under_cuda_graphs() else ''}"
         if self.user_pass is None:
             return f"{key}:None"
