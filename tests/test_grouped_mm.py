@@ -238,6 +238,8 @@ def test_the_model_comes_from_the_setting(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("CUTETUNE_GROUPED_MODEL", str(tmp_path / "other.json"))
     (tmp_path / "other.json").write_text("{}")
     assert picker.digest() == digest and gmm.Picker().digest() != digest
+    (tmp_path / "mine.json").write_text("{}")  # rewritten: the loaded model is the old one
+    assert picker.digest() == digest
 
 
 # ---------------------------------------------------------------- kernels built meanwhile

@@ -49,6 +49,7 @@ class Picker:
         self.picks_: dict[GroupedProblem, KernelConfig | None] = {}
         self.models_: dict[tuple[str, str], object] = {}
         self.source_: tuple | None = None  # (model or file or None: the packaged ones,)
+        self.digest_: str | None = None
 
     def _source(self):
         if self.source_ is None:
@@ -95,19 +96,23 @@ class Picker:
         return [] if model is None else [c for c, _ in model.rank(problem, top_k=top_k)]
 
     def digest(self) -> str:
-        """What identifies the picks (in Inductor's cache key): the model files' bytes."""
-        source = self._source()
-        if hasattr(source, "rank"):
-            return f"model@{id(source):x}"
-        files = ([Path(source)] if source is not None
-                 else sorted(settings.PACKAGE_DATA.glob("cost_model_*_grouped.json")))
-        h = hashlib.sha256()
-        for f in files:  # the packaged ones: one per arch and dtype shipped
-            try:
-                h.update(f.read_bytes())
-            except OSError:
-                h.update(b"none")  # no model: its grouped GEMMs run ATen
-        return h.hexdigest()[:16]
+        """What identifies the picks (in Inductor's cache key): the model files' bytes, read
+        once, as the models are loaded once."""
+        if self.digest_ is None:
+            source = self._source()
+            if hasattr(source, "rank"):
+                self.digest_ = f"model@{id(source):x}"
+                return self.digest_
+            files = ([Path(source)] if source is not None
+                     else sorted(settings.PACKAGE_DATA.glob("cost_model_*_grouped.json")))
+            h = hashlib.sha256()
+            for f in files:  # the packaged ones: one per arch and dtype shipped
+                try:
+                    h.update(f.read_bytes())
+                except OSError:
+                    h.update(b"none")  # no model: its grouped GEMMs run ATen
+            self.digest_ = h.hexdigest()[:16]
+        return self.digest_
 
     def table(self, problem_at, dynamic: bool, total: int | None = None, kernels=None):
         """The config per range of the ragged size: for a static ``total``, the pick at it
