@@ -4,6 +4,7 @@ router's spread is measured, and a run's results plot."""
 
 import json
 
+import pytest
 import torch
 
 from cutetune.space.suites import MoeLayer
@@ -70,3 +71,6 @@ def test_the_plot_draws_each_model_and_phase_of_a_run(tmp_path):
     path.write_text(json.dumps({"blocks": blocks}))
     bench.plot(str(path), str(tmp_path / "out.png"))
     assert (tmp_path / "out.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    path.write_text(json.dumps({"blocks": blocks[-1:]}))
+    with pytest.raises(ValueError, match="holds no block that ran"):
+        bench.plot(str(path), str(tmp_path / "none.png"))
