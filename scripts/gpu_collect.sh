@@ -5,6 +5,11 @@
 #   train       sampled configs on the train suite  -> dataset, until the deadline
 #   exhaustive  every valid config on 40 problems   -> dataset, until the deadline
 #   repeat      a fixed set measured again          -> second dataset (timing-noise report)
+#   layouts     the train suite in the kn, mk and mn layouts (training's input and weight
+#               gradients), sampled configs -> dataset h200_bf16, until the deadline
+#   layouts_exhaustive  the exhaustive suite in those layouts, every config -> h200_bf16
+#   bmm         the bmm suite (attention's batched GEMMs), sampled configs -> h200_bf16
+#   fp16        the train suite in fp16, sampled configs -> dataset h200_fp16
 #   gpu_tests   every test marked gpu               -> $OUT/gpu_tests_all.log
 #   grouped_tests  the grouped harness's GPU tests  -> $OUT/gpu_tests_grouped.log
 #   grouped_fwd    MoE forward GEMMs: every config of the cheaper ones
@@ -35,7 +40,7 @@ left() { echo $(( DEADLINE - $(date +%s) - ${1:-40} )); }
 pack() { tar -C "$ROOT" -czf "$OUT/datasets.tgz" . ; ls -la "$OUT"; }
 # Resume from the committed dataset when this machine has none yet.
 SHIPPED=data/inputs/h200_bf16
-case " $* " in *" train "*|*" exhaustive "*|*" repeat "*)
+case " $* " in *" train "*|*" exhaustive "*|*" repeat "*|*" layouts"*|*" bmm "*)
   [ -d "$ROOT/h200_bf16" ] || { [ -d $SHIPPED ] && cp -r $SHIPPED "$ROOT/"; } ;; esac
 PLAN=/tmp/grouped-plan
 grouped() {  # grouped PROBLEMS-FILE CONFIGS BUDGET-S NAME
@@ -55,6 +60,18 @@ for stage in "$@"; do
     train)
       python -m cutetune collect --problems train --configs sample:150 --out "$ROOT/h200_bf16" \
         --time-budget "$(left $AFTER_TRAIN)" --stats "$OUT/collect_train_stats.json" 2>&1 | tail -n 30 ;;
+    layouts)
+      python -m cutetune collect --problems train --layouts kn,mk,mn --configs sample:150 \
+        --out "$ROOT/h200_bf16" --time-budget "$(left 30)" --stats "$OUT/collect_layouts_stats.json" 2>&1 | tail -n 5 ;;
+    layouts_exhaustive)
+      python -m cutetune collect --problems exhaustive --layouts kn,mk,mn --configs all --target-ms 1 \
+        --out "$ROOT/h200_bf16" --time-budget "$(left 30)" --stats "$OUT/collect_layouts_exh_stats.json" 2>&1 | tail -n 5 ;;
+    bmm)
+      python -m cutetune collect --problems bmm --configs sample:150 \
+        --out "$ROOT/h200_bf16" --time-budget "$(left 30)" --stats "$OUT/collect_bmm_stats.json" 2>&1 | tail -n 5 ;;
+    fp16)
+      python -m cutetune collect --problems train --dtype fp16 --configs sample:150 \
+        --out "$ROOT/h200_fp16" --time-budget "$(left 30)" --stats "$OUT/collect_fp16_stats.json" 2>&1 | tail -n 5 ;;
     exhaustive)
       python -m cutetune collect --problems exhaustive --configs all --target-ms 1 --out "$ROOT/h200_bf16" \
         --time-budget "$(left 90)" --stats "$OUT/collect_exhaustive_stats.json" 2>&1 | tail -n 30 ;;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -93,12 +94,62 @@ def train_problems(dtype: str = "bf16", arch: str = "sm90", seed: int = 0, n_llm
     return picked + random_problems(n_random, seed, dtype, arch)
 
 
+# Batched GEMMs of attention without a fused kernel, per (batch x heads): scores Q K^T (M the
+# queries, N the keys, K the head dim; both operands K-major) and their weighting of V (N the
+# head dim, K the keys; V is N-major), at prefill (as many queries as keys) and decode sizes.
+BMM_BATCHES = (2, 4, 8, 16, 32, 64)
+BMM_KEYS = (128, 512, 1024, 2048, 4096)
+BMM_HEAD_DIMS = (64, 128)
+BMM_DECODE_QUERIES = (1, 16)
+
+
+def bmm_problems(dtype: str = "bf16", arch: str = "sm90") -> list[tuple[str, GemmProblem]]:
+    """The bmm suite: attention's two batched GEMMs at each batch, key count and head dim,
+    prefill and decode (``BMM_*``)."""
+    out = []
+    for b in BMM_BATCHES:
+        for keys in BMM_KEYS:
+            for d in BMM_HEAD_DIMS:
+                for q in (keys, *BMM_DECODE_QUERIES):
+                    out.append(("attention_scores", GemmProblem(
+                        q, keys, d, batch=b, dtype=dtype, out_dtype=dtype, arch=arch)))
+                    out.append(("attention_values", GemmProblem(
+                        q, d, keys, batch=b, b_major="n", dtype=dtype, out_dtype=dtype,
+                        arch=arch)))
+    return out
+
+
 SUITES = {
     "llm": llm_problems,
     "random": lambda dtype, arch, seed: random_problems(120, seed, dtype, arch),
     "train": train_problems,
     "exhaustive": lambda dtype, arch, seed: exhaustive_problems(dtype, arch, seed + 1),
+    "bmm": lambda dtype, arch, seed: bmm_problems(dtype, arch),
 }
+# Operand majors of a dense problem, A's then B's: nn.Linear's forward (kk), its input
+# gradient (kn: dY @ W) and weight gradient (mn: dY^T @ X), and mk.
+LAYOUTS = ("kk", "kn", "mk", "mn")
+
+
+def in_layouts(problems, layouts) -> list[tuple[str, GemmProblem]]:
+    """Each dense problem of ``problems`` in each of ``layouts`` (``LAYOUTS``), where its
+    sizes allow that layout (an M-major A needs M aligned for TMA); grouped ones as they are
+    (their GEMM sets their majors)."""
+    unknown = [x for x in layouts if x not in LAYOUTS]
+    if unknown or not layouts:
+        raise ValueError(f"unknown layout {', '.join(unknown) or '(none given)'}; known: "
+                         f"{', '.join(LAYOUTS)}")
+    out = []
+    for name, p in problems:
+        if not isinstance(p, GemmProblem):
+            out.append((name, p))
+            continue
+        for a, b in dict.fromkeys(layouts):
+            try:
+                out.append((name, replace(p, a_major=a, b_major=b)))
+            except ProblemError:
+                continue
+    return out
 
 
 def suite(name: str, dtype: str = "bf16", arch: str = "sm90", seed: int = 0):

@@ -259,3 +259,31 @@ def test_an_n_major_kernel_b_refuses_the_wide_cooperative_192_tile():
     swapped = KernelConfig(192, 160, False, 1, 1, True, 8, 1, False)
     assert not is_valid(swapped, "sm90", GemmProblem(4096, 4096, 4096, a_major="m"))
     assert is_valid(swapped, "sm90", GemmProblem(4096, 4096, 4096))
+
+
+def test_layouts_give_each_dense_problem_in_each_layout_its_sizes_allow():
+    """Training's backward GEMMs (kn, mn) and mk from the forward suites; an M-major A needs
+    M aligned for TMA, so M=1 has no mk or mn; grouped problems keep their GEMM's majors."""
+    from cutetune.space.problem import GroupedProblem
+    from cutetune.space.suites import LAYOUTS, in_layouts
+
+    fwd = [("a", GemmProblem(1, 4096, 4096)), ("b", GemmProblem(64, 1024, 4096))]
+    grouped = ("g", GroupedProblem(8, 1024, 4096, 7168))
+    got = in_layouts([*fwd, grouped], list(LAYOUTS))
+    assert [(s, p.m, p.a_major + p.b_major) for s, p in got if s != "g"] == [
+        ("a", 1, "kk"), ("a", 1, "kn"), ("b", 64, "kk"), ("b", 64, "kn"), ("b", 64, "mk"),
+        ("b", 64, "mn")]
+    assert got[-1] == grouped and len({p.key() for _, p in got}) == len(got)
+    with pytest.raises(ValueError, match="unknown layout nk; known: kk, kn, mk, mn"):
+        in_layouts(fwd, ["nk"])
+
+
+def test_the_bmm_suite_is_attentions_batched_gemms():
+    from cutetune.space.enumerate import enumerate_configs
+    from cutetune.space.suites import BMM_BATCHES, suite
+
+    problems = suite("bmm")
+    assert len(problems) >= 150 and {p.batch for _, p in problems} == set(BMM_BATCHES)
+    assert {(s, p.a_major + p.b_major) for s, p in problems} == {
+        ("attention_scores", "kk"), ("attention_values", "kn")}
+    assert all(enumerate_configs(p.arch, p) for _, p in problems)

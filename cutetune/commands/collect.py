@@ -3,7 +3,7 @@ a fleet sharing one queue (``tuner/measure/collect.py``, ``tuner/fleet/``)."""
 
 from __future__ import annotations
 
-from ..space.suites import ROUTINGS
+from ..space.suites import LAYOUTS, ROUTINGS, in_layouts
 from ..tuner.measure.collect import check_routings, collect, load_problems
 from ..tuner.measure.timing import TimingPolicy
 from ..tuner.measure.collect import __doc__ as DOC
@@ -32,6 +32,9 @@ def register(sub) -> None:
     p.add_argument("--target-ms", action=more_than(0), default=TimingPolicy.target_ms,
                    help="timed GPU milliseconds per measurement (sets the repeats)")
     p.add_argument("--stats", default=None, help="write throughput stats JSON here")
+    p.add_argument("--layouts", default=None, metavar="L1,L2",
+                   help=f"dense problems: measure each in these operand majors, A's then B's "
+                        f"({', '.join(LAYOUTS)}; default: as the suite gives them, kk)")
     p.add_argument("--routings", default=None, metavar="R1,R2",
                    help="grouped problems: measure each under these routings of its rows "
                         f"({', '.join(ROUTINGS)}; default: one drawn per problem by --seed)")
@@ -52,6 +55,8 @@ def _run(args) -> int:
 
     require_gpu()  # before the GPU worker starts
     problems = load_problems(args.problems, args.dtype, args.arch, args.seed)[:args.limit_problems]
+    if args.layouts is not None:
+        problems = in_layouts(problems, args.layouts.split(","))
     collect(problems, args.configs, args.out, seed=args.seed, time_budget_s=args.time_budget,
             compile_workers=args.compile_workers, cache_dir=args.cache_dir,
             policy=TimingPolicy(target_ms=args.target_ms), stats_path=args.stats,

@@ -17,6 +17,7 @@ from ...models import dataset
 from ..kernels.compile import kernel_cache_dir
 from ...errors import UserError
 from ...space.problem import GemmProblem
+from ...space.suites import in_layouts
 from ..measure.collect import configs_for, load_problems
 from ..measure.timing import require_gpu
 from ..search.storage import open_storage, safe_url
@@ -157,6 +158,9 @@ def run_fleet(args) -> int:
         raise UserError(f"a fleet measures dense GEMMs; {args.problems} holds grouped ones: "
                         "collect them on one host (without --storage)")
     spec_problems = args.problems + (f"[:{args.limit_problems}]" if args.limit_problems else "")
+    if args.layouts is not None:
+        problems = in_layouts(problems, args.layouts.split(","))
+        spec_problems += f"@{args.layouts}"
     configs: str | tuple = args.configs
     if args.configs != "all" and not args.configs.startswith("sample:"):
         configs = tuple(configs_for(problems[0][1], args.configs, args.seed)) if problems else ()
