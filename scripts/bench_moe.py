@@ -13,7 +13,7 @@ skewed a Dirichlet draw): torch._grouped_mm and the predicted pick (the shipped 
 or ATen where its fallback says so), timed L2-cold by the dataset's harness
 (``tuner.measure.timing.time_launches``); for the first N forward GEMMs at 1024 and 8192
 tokens also Inductor's max-autotune choice, with its compile seconds; and the host time of one
-eager call at 128 tokens, torch._grouped_mm against cutetune.grouped_mm.
+eager call at 128 tokens, torch._grouped_mm against cutetune.grouped_mm and its parts alone.
 
 ``block``: the MoE block (router softmax and top-k, token permutation, grouped gate+up,
 SwiGLU, grouped down, weighted unpermute) in one mode: eager (torch._grouped_mm),
@@ -162,8 +162,12 @@ def _max_autotune(torch, buf, policy) -> dict:
 
 def _host_us(torch) -> dict:
     """Host microseconds to issue one eager call at 128 tokens of DeepSeek-V3's gate+up, with
-    the GPU held busy so no call waits on it: torch._grouped_mm, cutetune.grouped_mm."""
+    the GPU held busy so no call waits on it: torch._grouped_mm, cutetune.grouped_mm, and
+    parts of the latter alone: quack's launch of the pick (zero-led offsets made already),
+    the offsets' pad, the output's allocation, and the sm90 dynamic scheduler's semaphore."""
     import cutetune
+    from cutetune.tuner.kernels.grouped_mm import picker
+    from cutetune.tuner.kernels.quack_gemm import grouped_kernel
 
     layer = MOE_MODELS["deepseek_v3"]
     rows = 128 * layer.top_k
@@ -172,9 +176,18 @@ def _host_us(torch) -> dict:
     w = torch.randn(layer.experts, n, k, device="cuda", dtype=torch.bfloat16)
     counts = routing_counts(layer.experts, rows, "skewed")
     offs = torch.tensor(counts, device="cuda").cumsum(0).to(torch.int32)
-    out = {}
-    for name, fn in (("aten", lambda: torch._grouped_mm(x, w.mT, offs=offs)),
-                     ("cutetune", lambda: cutetune.grouped_mm(x, w.mT, offs))):
+    cu, d = torch.nn.functional.pad(offs, (1, 0)), x.new_empty(rows, n)
+    config = picker().pick(expert_gemm("fwd", layer.experts, rows, n, k))
+    calls = {"aten": lambda: torch._grouped_mm(x, w.mT, offs=offs),
+             "cutetune": lambda: cutetune.grouped_mm(x, w.mT, offs),
+             "offsets_pad": lambda: torch.nn.functional.pad(offs, (1, 0)),
+             "output_empty": lambda: x.new_empty(rows, n),
+             "semaphore_zeros": lambda: torch.zeros(1, dtype=torch.int32, device="cuda")}
+    out = {"pick": None if config is None else config.short()}
+    if config is not None:
+        launch = grouped_kernel(config, "sm90", "m")
+        calls["quack_launch"] = lambda: launch(x, w.mT, d, cu)
+    for name, fn in calls.items():
         for _ in range(20):
             fn()
         torch.cuda.synchronize()
