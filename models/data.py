@@ -4,7 +4,8 @@ ATen baseline's time of each problem.
 A grouped problem measured under several routings of its rows (``expert_counts``) is one
 problem per routing: its configs are timed on different work. They share a shape
 (``shapes``), which cross-validation keeps in one fold (``folds``): the host cannot tell them
-apart, so a model must not be scored on one having trained on the other.
+apart, so a model must not be scored on one having trained on the other. Dense problems of
+one size in several layouts share a shape too.
 
 Rows are sorted by problem so that a problem is one contiguous run (what ranking objectives
 and the evaluation expect). Failed rows (compile errors, timeouts, ...) carry no time and are
@@ -166,7 +167,7 @@ def from_table(table: pa.Table, kind: str | None = None) -> Measurements:
     problems = tuple(problem_of({c: cols[c][r] for c in kind.problem_columns})
                      for r in first_row)
     suites = _numpy(quack, "suite")[rows][first_row]
-    shape_keys = _numpy(quack, "problem_key")[rows][first_row]
+    shape_keys = np.array([_shape(p) for p in problems])
     routings = _numpy(quack, "expert_counts")[rows][first_row]
     suites = np.array([s if s else "unknown" for s in suites], dtype=object)
 
@@ -183,6 +184,14 @@ def from_table(table: pa.Table, kind: str | None = None) -> Measurements:
                         failed_rows=failed.num_rows,
                         shapes=shapes if len(set(shapes)) < len(shapes) else None,
                         routings=routings if kind.name == "grouped" else None)
+
+
+def _shape(p: GemmProblem | GroupedProblem) -> str:
+    """What cross-validation keeps in one fold: a grouped problem's key (its routings), a
+    dense problem's sizes and dtypes (its layouts)."""
+    if isinstance(p, GroupedProblem):
+        return p.key()
+    return f"{p.arch}:{p.dtype}->{p.out_dtype}:b{p.batch}:m{p.m}:n{p.n}:k{p.k}"
 
 
 def _identities(table: pa.Table) -> np.ndarray:

@@ -5,8 +5,9 @@
 #   train       sampled configs on the train suite  -> dataset, until the deadline
 #   exhaustive  every valid config on 40 problems   -> dataset, until the deadline
 #   repeat      a fixed set measured again          -> second dataset (timing-noise report)
-#   layouts     the train suite in the kn, mk and mn layouts (training's input and weight
-#               gradients), sampled configs -> dataset h200_bf16, until the deadline
+#   layouts     the train suite's layers' GEMMs in the kn, mk and mn layouts (kn their input
+#               gradients, mn their weight gradients), sampled configs -> dataset h200_bf16
+#               (each data stage runs until the deadline: one a call)
 #   layouts_exhaustive  the exhaustive suite in those layouts, every config -> h200_bf16
 #   bmm         the bmm suite (attention's batched GEMMs), sampled configs -> h200_bf16
 #   fp16        the train suite in fp16, sampled configs -> dataset h200_fp16

@@ -126,29 +126,52 @@ SUITES = {
     "exhaustive": lambda dtype, arch, seed: exhaustive_problems(dtype, arch, seed + 1),
     "bmm": lambda dtype, arch, seed: bmm_problems(dtype, arch),
 }
-# Operand majors of a dense problem, A's then B's: nn.Linear's forward (kk), its input
-# gradient (kn: dY @ W) and weight gradient (mn: dY^T @ X), and mk.
+# Operand majors of a dense problem, A's then B's, each with the GEMM of a linear layer
+# y = x W^T (x (M, K) and W (N, K) row-major) that has them: kk its forward (M, N, K), kn its
+# input gradient dY W (M, K, N), mn its weight gradient dY^T X (N, K, M); mk, which a linear
+# layer has none of, its forward's sizes with an M-major A.
 LAYOUTS = ("kk", "kn", "mk", "mn")
 
 
-def in_layouts(problems, layouts) -> list[tuple[str, GemmProblem]]:
-    """Each dense problem of ``problems`` in each of ``layouts`` (``LAYOUTS``), where its
-    sizes allow that layout (an M-major A needs M aligned for TMA); grouped ones as they are
-    (their GEMM sets their majors)."""
+def in_layout(p: GemmProblem, layout: str) -> GemmProblem:
+    """The GEMM of ``LAYOUTS[layout]`` of the layer whose forward is ``p`` (kk); ProblemError
+    where its sizes do not allow it (an M-major A needs M aligned for TMA)."""
+    return {"kk": lambda: p,
+            "kn": lambda: replace(p, n=p.k, k=p.n, b_major="n"),
+            "mk": lambda: replace(p, a_major="m"),
+            "mn": lambda: replace(p, m=p.n, n=p.k, k=p.m, a_major="m", b_major="n"),
+            }[layout]()
+
+
+def check_layouts(layouts) -> tuple[str, ...]:
+    """``layouts`` (names of ``LAYOUTS``) once each, in order; ValueError naming an unknown
+    one."""
+    layouts = tuple(dict.fromkeys(layouts))
     unknown = [x for x in layouts if x not in LAYOUTS]
     if unknown or not layouts:
         raise ValueError(f"unknown layout {', '.join(unknown) or '(none given)'}; known: "
                          f"{', '.join(LAYOUTS)}")
-    out = []
+    return layouts
+
+
+def in_layouts(problems, layouts) -> list[tuple[str, GemmProblem]]:
+    """Each dense forward problem of ``problems`` as its GEMM of each of ``layouts``
+    (``in_layout``), where its sizes allow it; grouped ones as they are (their GEMM sets their
+    majors)."""
+    layouts = check_layouts(layouts)
+    out, seen = [], set()
     for name, p in problems:
         if not isinstance(p, GemmProblem):
             out.append((name, p))
             continue
-        for a, b in dict.fromkeys(layouts):
+        for layout in layouts:
             try:
-                out.append((name, replace(p, a_major=a, b_major=b)))
+                q = in_layout(p, layout)
             except ProblemError:
                 continue
+            if q not in seen:
+                seen.add(q)
+                out.append((name, q))
     return out
 
 

@@ -625,3 +625,27 @@ def test_shipped_model_matches_this_cutetune():
     ranked = model.rank(p, top_k=3)
     assert len(ranked) == 3 and all(ms > 0 for _, ms in ranked)
     assert model.metadata["trained_on"]["sha256"]
+
+
+def test_a_dense_size_in_two_layouts_shares_a_fold(tmp_path):
+    """kk and mk of one size are two problems of one shape: cross-validation keeps them in
+    one fold; a layer's gradients (other sizes) are shapes of their own."""
+    from cutetune.space.suites import in_layouts
+
+    rng = np.random.default_rng(0)
+    problems = in_layouts(random_problems(12, seed=1), ["kk", "mk", "kn"])
+    rows = []
+    for i, (suite, p) in enumerate(problems):
+        configs = sample_configs(p.arch, 8, seed=i, problem=p)
+        base = {"device_name": SYNTHETIC_DEVICE, "run_id": "synthetic", "problem_key": p.key(),
+                "suite": suite, **p.to_dict()}
+        rows += [{**base, **c.to_dict(), "backend": "quack", "config_key": c.short(),
+                  "status": "ok", "time_ms": float(t)}
+                 for c, t in zip(configs, synthetic_ms(p, configs, rng))]
+    append(tmp_path / "d", rows)
+    data = load_measurements(tmp_path / "d")
+    sizes = {(p.m, p.n, p.k) for p in data.problems}
+    assert data.n_problems == len(problems) and data.shapes is not None
+    assert len(set(data.shapes.tolist())) == len(sizes) < data.n_problems
+    for train_idx, test_idx in data.folds(3, seed=2):
+        assert not set(data.shapes[train_idx]) & set(data.shapes[test_idx])

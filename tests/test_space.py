@@ -261,19 +261,22 @@ def test_an_n_major_kernel_b_refuses_the_wide_cooperative_192_tile():
     assert is_valid(swapped, "sm90", GemmProblem(4096, 4096, 4096))
 
 
-def test_layouts_give_each_dense_problem_in_each_layout_its_sizes_allow():
-    """Training's backward GEMMs (kn, mn) and mk from the forward suites; an M-major A needs
-    M aligned for TMA, so M=1 has no mk or mn; grouped problems keep their GEMM's majors."""
+def test_layouts_give_each_layers_gemm_of_that_layout():
+    """A forward problem (kk) of a linear layer gives its input gradient (kn: M, K, N) and its
+    weight gradient (mn: N, K, M, the tokens the reduction), and mk its sizes with an M-major
+    A, which needs M aligned for TMA (M=1 has none); grouped problems keep their GEMM's."""
     from cutetune.space.problem import GroupedProblem
     from cutetune.space.suites import LAYOUTS, in_layouts
 
-    fwd = [("a", GemmProblem(1, 4096, 4096)), ("b", GemmProblem(64, 1024, 4096))]
+    fwd = [("a", GemmProblem(1, 14336, 4096)), ("b", GemmProblem(64, 1024, 4096))]
     grouped = ("g", GroupedProblem(8, 1024, 4096, 7168))
     got = in_layouts([*fwd, grouped], list(LAYOUTS))
-    assert [(s, p.m, p.a_major + p.b_major) for s, p in got if s != "g"] == [
-        ("a", 1, "kk"), ("a", 1, "kn"), ("b", 64, "kk"), ("b", 64, "kn"), ("b", 64, "mk"),
-        ("b", 64, "mn")]
+    assert [(s, p.m, p.n, p.k, p.a_major + p.b_major) for s, p in got if s != "g"] == [
+        ("a", 1, 14336, 4096, "kk"), ("a", 1, 4096, 14336, "kn"), ("a", 14336, 4096, 1, "mn"),
+        ("b", 64, 1024, 4096, "kk"), ("b", 64, 4096, 1024, "kn"), ("b", 64, 1024, 4096, "mk"),
+        ("b", 1024, 4096, 64, "mn")]
     assert got[-1] == grouped and len({p.key() for _, p in got}) == len(got)
+    assert all(p.flops == fwd[s == "b"][1].flops for s, p in got if s != "g")
     with pytest.raises(ValueError, match="unknown layout nk; known: kk, kn, mk, mn"):
         in_layouts(fwd, ["nk"])
 

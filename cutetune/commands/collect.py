@@ -3,7 +3,7 @@ a fleet sharing one queue (``tuner/measure/collect.py``, ``tuner/fleet/``)."""
 
 from __future__ import annotations
 
-from ..space.suites import LAYOUTS, ROUTINGS, in_layouts
+from ..space.suites import LAYOUTS, ROUTINGS, check_layouts, in_layouts
 from ..tuner.measure.collect import check_routings, collect, load_problems
 from ..tuner.measure.timing import TimingPolicy
 from ..tuner.measure.collect import __doc__ as DOC
@@ -15,7 +15,8 @@ def register(sub) -> None:
     p = sub.add_parser("collect", help="measure problems x configs on the GPU into a dataset",
                        description=DOC)
     p.add_argument("--problems", default="train",
-                   help="suite (llm, random, train, exhaustive; 'a+b' joins) or a JSON file")
+                   help="suite (llm, random, train, exhaustive, bmm, moe, moe_random; 'a+b' "
+                        "joins) or a JSON file")
     p.add_argument("--configs", default="sample:150",
                    help="'all' valid configs, 'sample:N' per problem, or a JSON file of configs")
     p.add_argument("--out", default="data/inputs/h200_bf16",
@@ -33,8 +34,9 @@ def register(sub) -> None:
                    help="timed GPU milliseconds per measurement (sets the repeats)")
     p.add_argument("--stats", default=None, help="write throughput stats JSON here")
     p.add_argument("--layouts", default=None, metavar="L1,L2",
-                   help=f"dense problems: measure each in these operand majors, A's then B's "
-                        f"({', '.join(LAYOUTS)}; default: as the suite gives them, kk)")
+                   help=f"dense problems: measure each layer's GEMM of these operand majors, "
+                        f"A's then B's ({', '.join(LAYOUTS)}: kn its input gradient, mn its "
+                        f"weight gradient; default: as the suite gives them, kk)")
     p.add_argument("--routings", default=None, metavar="R1,R2",
                    help="grouped problems: measure each under these routings of its rows "
                         f"({', '.join(ROUTINGS)}; default: one drawn per problem by --seed)")
@@ -44,6 +46,8 @@ def register(sub) -> None:
 
 def _run(args) -> int:
     routings = None if args.routings is None else check_routings(args.routings.split(","))
+    if args.layouts is not None:  # checked (and named alike for a fleet) before any work
+        args.layouts = ",".join(check_layouts(args.layouts.split(",")))
     if fleet_cli.requested(args):
         if routings is not None:
             raise ValueError("--routings is for grouped problems, which a fleet does not "
