@@ -159,20 +159,22 @@ class CostModel:
         return list(zip(map(table.configs.__getitem__, rows.tolist()), score[order].tolist(),
                         np.exp(log_ms).tolist()))
 
-    def aten_margin(self, problem, configs=None) -> float:
+    def aten_margin(self, problem, configs=None, top1_ms: float | None = None) -> float:
         """The fallback's quantile of log(t_top1 / t_ATen), top-1 among ``configs`` (None: the
         valid space), ATen being the kind's baseline (cuBLAS, or torch._grouped_mm): below 0
-        means the model is that confident its pick beats ATen."""
+        means the model is that confident its pick beats ATen. ``top1_ms``: the top-1's
+        predicted ms, where the caller has ranked already (a compile asks per size)."""
         if self.fallback is None:
             raise ModelError(f"this cost model was trained without {self.kind.baseline} "
                              f"timings: no fallback")
-        (_, ms), = self.rank(problem, configs, top_k=1)
-        x = fallback_inputs(problem_descriptors([problem], self.device), np.log([ms]))
+        if top1_ms is None:
+            (_, top1_ms), = self.rank(problem, configs, top_k=1)
+        x = fallback_inputs(problem_descriptors([problem], self.device), np.log([top1_ms]))
         return float(self.fallback.predict(x)[0])
 
-    def prefers_aten(self, problem, configs=None) -> bool:
+    def prefers_aten(self, problem, configs=None, top1_ms: float | None = None) -> bool:
         """Whether predicted mode should run ATen instead of the model's top-1."""
-        return self.aten_margin(problem, configs) > 0.0
+        return self.aten_margin(problem, configs, top1_ms) > 0.0
 
     def prefers_cublas(self, problem: GemmProblem, configs=None) -> bool:
         """``prefers_aten`` of a dense GEMM (ATen's mm runs cuBLAS): what Inductor's

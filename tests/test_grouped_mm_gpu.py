@@ -18,7 +18,7 @@ class FirstValid:
     def rank(self, problem, top_k=None):
         return [(enumerate_configs(problem.arch, problem)[0], 1.0)]
 
-    def prefers_aten(self, problem, configs=None):
+    def prefers_aten(self, problem, configs=None, top1_ms=None):
         return False
 
 

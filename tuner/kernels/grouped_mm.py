@@ -76,9 +76,8 @@ class Picker:
             model = self._model_for(problem.arch, problem.dtype)
             config = None
             if model is not None:
-                # the fallback judges the top-1: ask about it alone rather than rank again
-                (config, _), = model.rank(problem, top_k=1)
-                if model.prefers_aten(problem, [config]):
+                (config, ms), = model.rank(problem, top_k=1)  # the fallback judges it
+                if model.prefers_aten(problem, top1_ms=ms):
                     config = None
             self.picks_[problem] = config
         return self.picks_[problem]
