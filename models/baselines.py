@@ -133,8 +133,8 @@ def nvmmh_picks(problem: GemmProblem, count: int = NVMMH_COUNT) -> list[KernelCo
         if layout not in loaded:
             iface.loadInternalDiscoverySet(layout, hw)
             loaded.add(layout)
-        for r in iface.get_with_mnk(m=m, n=n, k=problem.k, matmulLayout=layout, count=count,
-                                    hardware_descriptor=hw):
+        asked = iface.makeNvMatmulHeuristicsProblem(m, n, problem.k, layout, problem.batch)
+        for r in iface.get(asked, count, hardware_descriptor=hw):
             g = r["kernel"]
             pp = problem.arch == "sm90" and g.cta_tile_m <= 128
             found.append((r["runtime"], KernelConfig(

@@ -516,6 +516,9 @@ def test_baseline_configs_map_into_the_space():
     assert len(mapped) == 44 and all(is_valid(c, "sm90") for c in mapped)
     picks = nvmmh_picks(GemmProblem(16, 4096, 4096))
     assert picks and any(c.swap_ab for c in picks) and any(not c.swap_ab for c in picks)
+    # a batched problem is asked as one: 64 small GEMMs fill the GPU as one large one does
+    one, batched = (nvmmh_picks(GemmProblem(1024, 1024, 128, batch=b)) for b in (1, 64))
+    assert one != batched
 
 
 def test_fallback_quantile_is_calibrated():
