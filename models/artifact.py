@@ -34,7 +34,7 @@ from ..space.rules import family_of, violations
 from .fallback import CublasFallback, fallback_inputs
 from .features import ConfigTable, arch_config_table, problem_descriptors
 from .kinds import ProblemKind, kind_named, kind_of
-from .learners import BoosterModel
+from .learners import BoosterModel, blended
 
 FORMAT = "cutetune-cost-model"
 FORMAT_VERSION = 3
@@ -149,7 +149,7 @@ class CostModel:
         score = self.ranker.predict(X)
         if self.timer_weight:
             all_log_ms = self.timer.predict(X)
-            score = score + self.timer_weight * all_log_ms
+            score = blended(score, all_log_ms, self.timer_weight)
         order = np.argsort(score, kind="stable")[:top_k]
         if self.timer is self.ranker:
             log_ms = score[order]

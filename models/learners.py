@@ -57,6 +57,12 @@ def booster_from_dict(d: dict) -> "xgb.Booster":
     return booster
 
 
+def blended(ranker: np.ndarray, log_ms: np.ndarray, weight: float) -> np.ndarray:
+    """A blend's scores from its ranker's and its time model's log time: the order a blended
+    model file ranks by, and what training judges a blend on."""
+    return ranker + weight * log_ms
+
+
 def log_roofline_ms(X: np.ndarray, kind: str) -> np.ndarray:
     """The log roofline time in ms of feature rows of problems of ``kind``."""
     return np.log(X[:, kind_named(kind).roofline_idx].astype(np.float64) * MS_PER_S)

@@ -21,7 +21,7 @@ from .evaluate import group_offsets
 from .baselines import (columns_distance, config_distance, in_configs, nvmmh_valid_picks,
     quack_sm90_list, rank_by_picks)
 from .kinds import DENSE, ProblemKind
-from .learners import OBJECTIVES, BoosterModel, HGBModel
+from .learners import OBJECTIVES, BoosterModel, HGBModel, blended
 
 
 @dataclass
@@ -194,8 +194,3 @@ def blend_method(objective: str, weight: float, seed: int = 0, **params) -> Meth
 
     return Method(BLEND_NAMES[objective], f"XGBoost, {objective} objective plus {weight:g} x "
                   "the regression's log time", score, fit)
-
-
-def blended(ranker: np.ndarray, log_ms: np.ndarray, weight: float) -> np.ndarray:
-    """A blend's scores (blend_method) from its ranker's and its time model's log time."""
-    return ranker + weight * log_ms

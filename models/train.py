@@ -28,9 +28,8 @@ from .data import Measurements
 from .evaluate import bucket_masks, leave_family_out, summarize, summarize_by_bucket
 from .fallback import CublasFallback, FallbackOutcome, fallback_inputs, held_out_levels, outcome
 from .features import dataset_features, problem_descriptors
-from .learners import BoosterModel
-from .methods import (BLEND_NAMES, XGB_NAMES, Method, baseline_methods, blend_method, blended,
-                      xgb_methods)
+from .learners import BoosterModel, blended
+from .methods import BLEND_NAMES, XGB_NAMES, Method, baseline_methods, blend_method, xgb_methods
 
 FALLBACK_QUANTILES = (0.5, 0.75, 0.9)
 RANKER_MARGIN = 0.005

@@ -24,8 +24,8 @@ from cutetune.models.data import load_measurements
 from cutetune.models.evaluate import score_problems, summarize
 from cutetune.models.fallback import CublasFallback, fallback_inputs, held_out_levels, outcome
 from cutetune.models.features import dataset_features, problem_descriptors
-from cutetune.models.learners import BoosterModel
-from cutetune.models.methods import blended, xgb_methods
+from cutetune.models.learners import BoosterModel, blended
+from cutetune.models.methods import xgb_methods
 from cutetune.models.train import KIND_DEFAULTS
 from cutetune.space.device import device_for
 

@@ -27,7 +27,7 @@ import numpy as np
 from blend_study import load, out_of_fold  # scripts/, on sys.path when run as a script
 from cutetune.models.evaluate import group_offsets, score_problems
 from cutetune.models.fallback import CublasFallback, fallback_inputs, held_out_levels, outcome
-from cutetune.models.methods import blended
+from cutetune.models.learners import blended
 
 
 def uncertainty(pick_score: np.ndarray, log_ms: np.ndarray, group: np.ndarray, k: int = 5
