@@ -143,15 +143,19 @@ def in_layout(p: GemmProblem, layout: str) -> GemmProblem:
             }[layout]()
 
 
+def _named(names, known: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """``names`` once each, in order; ValueError naming an unknown one (or none given)."""
+    names = tuple(dict.fromkeys(names))
+    unknown = [x for x in names if x not in known]
+    if unknown or not names:
+        raise ValueError(f"unknown {what} {', '.join(unknown) or '(none given)'}; known: "
+                         f"{', '.join(known)}")
+    return names
+
+
 def check_layouts(layouts) -> tuple[str, ...]:
-    """``layouts`` (names of ``LAYOUTS``) once each, in order; ValueError naming an unknown
-    one."""
-    layouts = tuple(dict.fromkeys(layouts))
-    unknown = [x for x in layouts if x not in LAYOUTS]
-    if unknown or not layouts:
-        raise ValueError(f"unknown layout {', '.join(unknown) or '(none given)'}; known: "
-                         f"{', '.join(LAYOUTS)}")
-    return layouts
+    """``layouts`` (names of ``LAYOUTS``) once each, in order."""
+    return _named(layouts, LAYOUTS, "layout")
 
 
 def in_layouts(problems, layouts) -> list[tuple[str, GemmProblem]]:
@@ -307,6 +311,12 @@ def grouped_suite(name: str, dtype: str = "bf16", arch: str = "sm90", seed: int 
 ROUTINGS = ("balanced", "skewed", "empty")
 SKEW_ALPHA = 1.0  # Dirichlet concentration of "skewed": expert loads spread like exponentials
 EMPTY_FRACTION = 0.5  # experts without rows in "empty"
+
+
+def check_routings(routings) -> tuple[str, ...] | None:
+    """``routings`` (names of ``ROUTINGS``; None: one drawn per problem) once each, in
+    order."""
+    return None if routings is None else _named(routings, ROUTINGS, "routing")
 
 
 def routing_counts(experts: int, rows: int, kind: str, seed: int = 0) -> np.ndarray:

@@ -3,8 +3,8 @@ a fleet sharing one queue (``tuner/measure/collect.py``, ``tuner/fleet/``)."""
 
 from __future__ import annotations
 
-from ..space.suites import LAYOUTS, ROUTINGS, check_layouts, in_layouts
-from ..tuner.measure.collect import check_routings, collect, load_problems
+from ..space.suites import LAYOUTS, ROUTINGS, check_layouts, check_routings, in_layouts
+from ..tuner.measure.collect import collect, load_problems
 from ..tuner.measure.timing import TimingPolicy
 from ..tuner.measure.collect import __doc__ as DOC
 from .options import at_least, more_than

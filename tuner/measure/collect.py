@@ -25,7 +25,8 @@ from ...models.kinds import kind_of
 from ...space.config import KernelConfig
 from ...space.enumerate import enumerate_configs
 from ...space.problem import GemmProblem, GroupedProblem
-from ...space.suites import GROUPED_SUITES, ROUTINGS, grouped_suite, routing_counts, suite
+from ...space.suites import (GROUPED_SUITES, ROUTINGS, check_routings, grouped_suite,
+                             routing_counts, suite)
 
 from ..kernels.compile import kernel_cache_dir
 from .executor import GpuExecutor, Measure, compile_task, measure_task
@@ -66,19 +67,6 @@ def routed_counts(problem: GroupedProblem, seed: int, routing: str | None = None
     routing = routing or ROUTINGS[_problem_hash(problem, seed) % len(ROUTINGS)]
     rows = kind_of(problem).size(problem)  # the ragged total
     return tuple(int(c) for c in routing_counts(problem.experts, rows, routing, seed))
-
-
-def check_routings(routings) -> tuple[str, ...] | None:
-    """``routings`` (names of ``ROUTINGS``, or None: one drawn per problem) as a tuple;
-    ValueError naming an unknown one."""
-    if routings is None:
-        return None
-    routings = tuple(routings)
-    unknown = [r for r in routings if r not in ROUTINGS]
-    if unknown or not routings:
-        raise ValueError(f"unknown routing {', '.join(unknown) or '(none given)'}; known: "
-                         f"{', '.join(ROUTINGS)}")
-    return tuple(dict.fromkeys(routings))
 
 
 def _problem_hash(problem, seed: int) -> int:
