@@ -5,6 +5,7 @@ the package versions recorded with results, and the format, version and checksum
 from __future__ import annotations
 
 import errno
+import gzip
 import hashlib
 import json
 import os
@@ -90,6 +91,14 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, what: str = "file")
     return Path(path)
 
 
+def write_artifact(path: str | os.PathLike, data: bytes | str, what: str = "file") -> Path:
+    """``write_atomic``, gzipped (reproducibly) where ``path`` ends in .gz: the JSON files
+    cutetune writes are mostly repetition, and ``read_artifact`` reads either."""
+    raw = data.encode() if isinstance(data, str) else data
+    gz = Path(path).suffix == ".gz"
+    return write_atomic(path, gzip.compress(raw, 9, mtime=0) if gz else raw, what)
+
+
 def package_versions(names: Iterable[str]) -> dict[str, str | None]:
     """Installed version of each distribution, None where it is not installed."""
     from importlib.metadata import PackageNotFoundError, version
@@ -157,8 +166,9 @@ def read_artifact(path: str | os.PathLike, fmt: str, version_field: str,
                   ) -> tuple[dict, bytes]:
     """Read a JSON artifact and check it before anything uses its content: the file is a
     readable file, JSON, of format ``fmt`` at ``version`` (or one of a tuple of them), and its
-    checksum matches. Errors (``error``, FileNotFoundError for a missing file) name the file
-    and say what to do (``hint``). Returns (content, the file's bytes)."""
+    checksum matches; gzipped where ``path`` ends in .gz. Errors (``error``, FileNotFoundError
+    for a missing file) name the file and say what to do (``hint``). Returns (content, the
+    JSON's bytes)."""
     p = Path(path)
     if p.is_dir():
         raise error(f"{what} {p} is a directory; give the file")
@@ -168,6 +178,11 @@ def read_artifact(path: str | os.PathLike, fmt: str, version_field: str,
         raise FileNotFoundError(f"{what} {p} does not exist ({hint})") from None
     except OSError as e:
         raise error(f"cannot read {what} {p}: {e.strerror or e}") from None
+    if p.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+            raise error(f"corrupt {what} {p}: not readable gzip ({e}); {hint}") from None
     try:
         d = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -38,7 +38,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 from . import gpu_times as gt
 from .gpu_times import GpuTimed
 from .triton_mm import TritonTable
-from ..artifacts import read_artifact, sealed_json, write_atomic
+from ..artifacts import read_artifact, sealed_json, write_artifact
 from ..errors import ArtifactError
 from ..space.config import KernelConfig
 from ..space.problem import ARCHES, SUPPORTED_DTYPES, GemmProblem, ProblemError
@@ -246,7 +246,7 @@ class Heuristics:
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically, with its checksum: Inductor may read it concurrently."""
         data = sealed_json(self.to_json(), separators=(",", ":"))
-        out = write_atomic(path, data, WHAT)
+        out = write_artifact(path, data, WHAT)
         self.digest = _digest(data)
         return out
 
@@ -329,8 +329,8 @@ def _digest(data: bytes) -> str:
 
 
 def default_path(arch: str, dtype: str) -> Path:
-    """Where the packaged heuristics for (arch, dtype) live."""
-    return DATA_DIR / f"heuristics_{arch}_{dtype}.json"
+    """Where the packaged heuristics for (arch, dtype) live (gzipped: a fifth of the bytes)."""
+    return DATA_DIR / f"heuristics_{arch}_{dtype}.json.gz"
 
 
 def model_path(folder: Path, arch: str, dtype: str) -> Path:
@@ -351,8 +351,8 @@ class PackagedHeuristics:
     def __init__(self, folder: Path | None = None, models: bool = True) -> None:
         folder = DATA_DIR if folder is None else Path(folder)
         self.paths = {}
-        for path in sorted(folder.glob("heuristics_*_*.json")):
-            _, arch, dtype = path.stem.split("_", 2)
+        for path in sorted(folder.glob("heuristics_*_*.json*")):  # .json, or .json.gz
+            _, arch, dtype = path.name.split(".json")[0].split("_", 2)
             self.paths[(arch, dtype)] = path
         if not self.paths:
             raise HeuristicsError(

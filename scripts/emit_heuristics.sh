@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The shipped H200 heuristics (cutetune/data/heuristics_sm90_bf16.json) from the shipped cost
+# The shipped H200 heuristics (cutetune/data/heuristics_sm90_bf16.json.gz) from the shipped cost
 # model and the inputs under data/inputs/: the measured dataset, Inductor's Triton sweep and its
 # retimes, the step reports whose host times the launch costs hedge over, and the SwiGLU
 # benchmarks. data/inputs/ holds exactly what this script and scripts/train_cost_model.py read
@@ -7,7 +7,7 @@
 # the shipped file. docs/reproduce.md lists what made each input.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-cutetune/data/heuristics_sm90_bf16.json}
+OUT=${1:-cutetune/data/heuristics_sm90_bf16.json.gz}
 I=data/inputs
 S=$I/steps
 cutetune emit --model cutetune/data/cost_model_sm90_bf16.json --dataset $I/h200_bf16 \

@@ -4,7 +4,7 @@ the fold; its top-1 and fallback decision, the file's from the same model (the g
 ``--heuristics``), and cuBLAS, scored with the measured times.
 
     python scripts/heuristics_heldout.py [--data data/inputs/h200_bf16]
-        [--heuristics cutetune/data/heuristics_sm90_bf16.json] [--objectives regression
+        [--heuristics cutetune/data/heuristics_sm90_bf16.json.gz] [--objectives regression
         rank:pairwise] [--folds 5] [--seed 0] --out FILE
 """
 

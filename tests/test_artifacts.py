@@ -32,6 +32,21 @@ def test_sealed_json_round_trips_and_any_changed_byte_is_refused(tmp_path):
             read(path)
 
 
+def test_an_artifact_written_gzipped_reads_as_its_json(tmp_path):
+    """``write_artifact`` gzips a path ending in .gz (reproducibly: the same bytes each time),
+    ``read_artifact`` reads it back as the JSON it holds; a damaged gzip is named."""
+    d = {"format": "f", "v": 1, "x": list(range(50))}
+    data = sealed_json(d)
+    path = artifacts.write_artifact(tmp_path / "a.json.gz", data, "thing")
+    raw = path.read_bytes()
+    assert raw[:2] == b"\x1f\x8b" and len(raw) < len(data)
+    assert read(path) == (read(artifacts.write_artifact(tmp_path / "a.json", data))[0], data)
+    assert artifacts.write_artifact(tmp_path / "a.json.gz", data).read_bytes() == raw
+    path.write_bytes(raw[:-8])
+    with pytest.raises(ArtifactError, match=f"corrupt thing {path}: not readable gzip"):
+        read(path)
+
+
 @pytest.mark.parametrize("content, match", [
     (b"{", "corrupt thing .*: not readable JSON"),
     (b'{"format": "g", "v": 1}', "is not a cutetune thing"),

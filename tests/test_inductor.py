@@ -217,7 +217,7 @@ def test_packaged_heuristics(tmp_path, monkeypatch):
         hz.PackagedHeuristics()
     hz.build(FakeModel(), "sm90", "bf16", grid=SMALL).save(hz.default_path("sm90", "bf16"))
     ph = hz.PackagedHeuristics()
-    assert ph.lookup(P(64, 64, 64)) == Heuristics.load(tmp_path / "heuristics_sm90_bf16.json") \
+    assert ph.lookup(P(64, 64, 64)) == Heuristics.load(tmp_path / "heuristics_sm90_bf16.json.gz") \
         .lookup(P(64, 64, 64))
     with pytest.raises(HeuristicsError, match="sm100/bf16"):
         ph.lookup(P(64, 64, 64, arch="sm100"))

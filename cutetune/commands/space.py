@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 from collections import Counter
 from pathlib import Path
 
 from .. import progress
-from ..artifacts import check_writable, write_atomic
+from ..artifacts import check_writable, write_artifact
 from ..space.config import KernelConfig
 from ..space.enumerate import axes, check_arch, compile_keys, enumerate_configs, grid
 from ..space.problem import (ARCHES, GROUPED_GEMMS, SUPPORTED_DTYPES, GemmProblem,
@@ -225,9 +224,7 @@ def cmd_check(args) -> int:
             print(_table([{"rule": k, **v} for k, v in rej["rules"].items()],
                          ["rule", "tried_alone", "compiler_rejects_alone", "verdict"]))
     if out is not None:  # last: what is printed above stays if the disk is full
-        text = (json.dumps(report, indent=1) + "\n").encode()
-        write_atomic(out, gzip.compress(text, 9, mtime=0) if out.suffix == ".gz" else text,
-                     "--out report")
+        write_artifact(out, json.dumps(report, indent=1) + "\n", "--out report")
         if not args.json:
             print(f"report written to {out}")
     return 1 if s["failed"] else 0
