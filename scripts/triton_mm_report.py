@@ -10,7 +10,7 @@ times, how far the sweep's own times of them were off, and how well the launch c
 model (models.triton_mm.fit_launch_costs) predicts each family when fitted without it.
 
   python scripts/triton_mm_report.py --sweep data/inputs/triton_mm/h200_bf16.jsonl.gz \\
-      --retimed data/bench/triton_mm/h200_bf16_retimed.jsonl \\
+      --retimed data/bench/triton_mm/h200_bf16_retimed.jsonl.gz \\
       --out data/reports/triton_mm_h200_bf16.json \\
       [--heldout-family llama3_8b --heldout-heuristics /tmp/heldout.json]
 
