@@ -118,8 +118,10 @@ def _layout(a_k_major: bool, b_k_major: bool, row_major_out: bool):
                                                              else "_COL_MAJOR"))
 
 
-def nvmmh_picks(problem: GemmProblem, count: int = NVMMH_COUNT) -> list[KernelConfig]:
-    """nvMatmulHeuristics' configs for ``problem``, best estimated runtime first, as ours.
+def nvmmh_ranked(problem: GemmProblem, count: int = NVMMH_COUNT
+                 ) -> list[tuple[float, KernelConfig]]:
+    """nvMatmulHeuristics' configs for ``problem`` as ours, with their estimated runtimes (s),
+    least first.
 
     As quack's nvmmh_heuristic does, both orientations are asked (D = A B row-major, and the
     swapped D^T = B^T A^T column-major, i.e. swap_ab) and merged by estimated runtime; pingpong
@@ -141,7 +143,12 @@ def nvmmh_picks(problem: GemmProblem, count: int = NVMMH_COUNT) -> list[KernelCo
                 g.cta_tile_m, g.cta_tile_n, pp, g.cluster_m, g.cluster_n, swap, 8,
                 max(1, g.split_k), problem.arch == "sm100")))
     found.sort(key=lambda t: t[0])
-    return list(dict.fromkeys(c for _, c in found))
+    return found
+
+
+def nvmmh_picks(problem: GemmProblem, count: int = NVMMH_COUNT) -> list[KernelConfig]:
+    """nvmmh_ranked's configs, without repeats."""
+    return list(dict.fromkeys(c for _, c in nvmmh_ranked(problem, count)))
 
 
 @lru_cache(maxsize=4096)

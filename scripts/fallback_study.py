@@ -9,7 +9,12 @@ judges the fallback: predicted mode's geomean and worst problem against ATen, it
 per-problem oracle max(top-1, ATen), and the problems below 0.97 of that oracle. Variants:
 ``quantile`` (fallback_inputs), ``uncertainty`` (the quantile model, plus the time model's
 least predicted time among the candidates, the pick's gap to it, the spread of the time
-model's predictions over the pick's top 5, and whether both top-1s agree), ``classifier``.
+model's predictions over the pick's top 5, and whether both top-1s agree), ``classifier``,
+and two classifiers told what ATen itself may take: ``classifier_aten_time`` (plus a
+regression's predicted log ATen time, fit on the training folds' problems, each training
+problem's value out of an inner 5-fold, and the pick's predicted margin over it) and, for
+dense GEMMs, ``classifier_nvmmh`` (plus nvMatmulHeuristics' least estimated runtime for the
+problem, and the pick's margin over it).
 
     python scripts/fallback_study.py --data data/inputs/h200_bf16 --kind dense --weight 0
         [--splits 0 1] [--quantiles ...] --out FILE
@@ -25,6 +30,7 @@ from functools import partial
 import numpy as np
 
 from blend_study import load, out_of_fold  # scripts/, on sys.path when run as a script
+from cutetune.models.baselines import nvmmh_ranked
 from cutetune.models.evaluate import group_offsets, score_problems
 from cutetune.models.fallback import CublasFallback, fallback_inputs, held_out_levels, outcome
 from cutetune.models.learners import blended
@@ -40,6 +46,41 @@ def uncertainty(pick_score: np.ndarray, log_ms: np.ndarray, group: np.ndarray, k
         top = t[np.argsort(s, kind="stable")[:k]]
         out[p] = [t.min(), top[0] - t.min(), np.ptp(top), float(t.argmin() == s.argmin())]
     return out
+
+
+def aten_time(desc: np.ndarray, aten_ms: np.ndarray, train: np.ndarray, test: np.ndarray,
+              inner: int = 5) -> np.ndarray:
+    """Predicted log ATen ms per problem: ``test``'s from a regression fit on ``train``'s
+    problems, each of ``train``'s from one fit without its inner fold (nan elsewhere)."""
+    import xgboost as xgb
+
+    def fit(rows):
+        rows = rows[np.isfinite(aten_ms[rows])]
+        params = {"objective": "reg:squarederror", "max_depth": 4, "eta": 0.05, "seed": 0,
+                  "nthread": 1, "tree_method": "hist"}
+        return xgb.train(params, xgb.DMatrix(desc[rows], label=np.log(aten_ms[rows])), 300)
+
+    out = np.full(len(aten_ms), np.nan)
+    for part in np.array_split(np.random.default_rng(0).permutation(train), inner):
+        out[part] = fit(np.setdiff1d(train, part)).inplace_predict(desc[part])
+    out[test] = fit(train).inplace_predict(desc[test])
+    return out
+
+
+def with_margin(base: np.ndarray, log_ms: np.ndarray) -> np.ndarray:
+    """``base`` (fallback_inputs: the pick's predicted log ms last) plus ``log_ms`` and the
+    pick's margin over it."""
+    return np.column_stack([base, log_ms, base[:, -1] - log_ms]).astype(np.float32)
+
+
+def per_fold_levels(make, features, log_ratio, splits, quantiles) -> dict[float, np.ndarray]:
+    """held_out_levels where the inputs depend on the fold: ``features(train, test)``."""
+    pred = {q: np.full(len(log_ratio), np.nan) for q in quantiles}
+    for train, test in splits:
+        for q, p in held_out_levels(make, features(train, test), log_ratio, [(train, test)],
+                                    quantiles).items():
+            pred[q][test] = p[test]
+    return pred
 
 
 def judge(name, objective, q, pred, log_ratio) -> dict:
@@ -65,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     data, X, desc = load(args.data, args.kind)
+    nvmmh = (np.log([nvmmh_ranked(p)[0][0] * 1e3 for p in data.problems])
+             if args.kind == "dense" else None)
+    classifier = partial(CublasFallback, objective="classifier")
     runs = []
     for split_seed in args.splits:
         splits = data.folds(args.folds, split_seed)
@@ -74,11 +118,17 @@ def main(argv: list[str] | None = None) -> int:
         log_ratio = np.log(ps.top1_ms / data.cublas_ms)
         base = fallback_inputs(desc, timer[ps.top1_row])
         wide = np.column_stack([base, uncertainty(score, timer, data.group)]).astype(np.float32)
-        for name, model, Xf in (("quantile", CublasFallback, base),
-                                ("uncertainty", CublasFallback, wide),
-                                ("classifier", partial(CublasFallback, objective="classifier"),
-                                 base)):
-            levels = held_out_levels(model, Xf, log_ratio, splits, args.quantiles)
+        fixed = [("quantile", CublasFallback, base), ("uncertainty", CublasFallback, wide),
+                 ("classifier", classifier, base)]
+        if nvmmh is not None:
+            fixed.append(("classifier_nvmmh", classifier, with_margin(base, nvmmh)))
+        variants = [(name, model, partial(held_out_levels, model, Xf))
+                    for name, model, Xf in fixed]
+        variants.append(("classifier_aten_time", classifier, partial(
+            per_fold_levels, classifier,
+            lambda train, test: with_margin(base, aten_time(desc, data.cublas_ms, train, test)))))
+        for name, model, levels_of in variants:
+            levels = levels_of(log_ratio, splits, args.quantiles)
             for q, pred in levels.items():
                 row = judge(name, model().objective, q, pred, log_ratio) | {
                     "split_seed": split_seed}
