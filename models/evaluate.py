@@ -177,6 +177,18 @@ def summarize_by_bucket(ps: ProblemScores, buckets=M_BUCKETS,
     return out
 
 
+def layout_masks(problems) -> dict[str, np.ndarray]:
+    """Layout name -> mask of the dense problems in it, where they span more than one: A's and
+    B's majors ("kk" is nn.Linear's forward, "kn" its input gradient, "mn" its weight
+    gradient), with " bmm" after a batched problem's. None for grouped problems."""
+    if not problems or not hasattr(problems[0], "a_major"):
+        return {}
+    names = np.array([p.a_major + p.b_major + (" bmm" if p.batch > 1 else "")
+                      for p in problems])
+    kinds = sorted(set(names.tolist()))
+    return {k: names == k for k in kinds} if len(kinds) > 1 else {}
+
+
 def bucket_masks(m: np.ndarray, buckets=M_BUCKETS, label: str = "M") -> dict[str, np.ndarray]:
     """Bucket name -> mask of the problems of that size, for each bucket that has problems."""
     b = m_bucket(m, buckets)

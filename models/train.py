@@ -25,7 +25,8 @@ from ..space.device import device_for
 from .artifact import CostModel
 from .crossval import HeldOut, held_out_scores, scored
 from .data import Measurements
-from .evaluate import bucket_masks, leave_family_out, summarize, summarize_by_bucket
+from .evaluate import (bucket_masks, layout_masks, leave_family_out, summarize,
+                       summarize_by_bucket)
 from .fallback import CublasFallback, FallbackOutcome, fallback_inputs, held_out_levels, outcome
 from .features import dataset_features, problem_descriptors
 from .learners import BoosterModel, blended
@@ -99,6 +100,8 @@ class Evaluation:
     fallback_objective: str = "quantile"
     # the shipped quantile's outcome on the problems of each size bucket
     fallback_by_bucket: dict[str, FallbackOutcome] = field(default_factory=dict)
+    # per method, per layout (evaluate.layout_masks: where the problems span several)
+    by_layout: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
 
 def _single(values, what: str) -> str:
@@ -143,6 +146,9 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
     if data.swept.any():
         for n, h in cv.items():
             ev.cv_summary[n]["swept"] = summarize(h.problems, data.swept)
+    layouts = layout_masks(data.problems)
+    ev.by_layout = {n: {k: summarize(h.problems, m) for k, m in layouts.items()}
+                    for n, h in cv.items()} if layouts else {}
 
     if options.family_out and len(ev.families) > 1:
         families = data.families

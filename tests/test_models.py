@@ -630,25 +630,53 @@ def test_shipped_model_matches_this_cutetune():
     assert model.metadata["trained_on"]["sha256"]
 
 
+def _write_layouts(path, layouts, n: int = 12, configs: int = 8) -> None:
+    from cutetune.space.suites import in_layouts
+
+    rng = np.random.default_rng(0)
+    problems = in_layouts(random_problems(n, seed=1), layouts)
+    rows = []
+    for i, (suite, p) in enumerate(problems):
+        sampled = sample_configs(p.arch, configs, seed=i, problem=p)
+        base = {"device_name": SYNTHETIC_DEVICE, "run_id": "synthetic", "problem_key": p.key(),
+                "suite": suite, **p.to_dict()}
+        rows += [{**base, **c.to_dict(), "backend": "quack", "config_key": c.short(),
+                  "status": "ok", "time_ms": float(t)}
+                 for c, t in zip(sampled, synthetic_ms(p, sampled, rng))]
+    append(path, rows)
+
+
 def test_a_dense_size_in_two_layouts_shares_a_fold(tmp_path):
     """kk and mk of one size are two problems of one shape: cross-validation keeps them in
     one fold; a layer's gradients (other sizes) are shapes of their own."""
     from cutetune.space.suites import in_layouts
 
-    rng = np.random.default_rng(0)
     problems = in_layouts(random_problems(12, seed=1), ["kk", "mk", "kn"])
-    rows = []
-    for i, (suite, p) in enumerate(problems):
-        configs = sample_configs(p.arch, 8, seed=i, problem=p)
-        base = {"device_name": SYNTHETIC_DEVICE, "run_id": "synthetic", "problem_key": p.key(),
-                "suite": suite, **p.to_dict()}
-        rows += [{**base, **c.to_dict(), "backend": "quack", "config_key": c.short(),
-                  "status": "ok", "time_ms": float(t)}
-                 for c, t in zip(configs, synthetic_ms(p, configs, rng))]
-    append(tmp_path / "d", rows)
+    _write_layouts(tmp_path / "d", ["kk", "mk", "kn"])
     data = load_measurements(tmp_path / "d")
     sizes = {(p.m, p.n, p.k) for p in data.problems}
     assert data.n_problems == len(problems) and data.shapes is not None
     assert len(set(data.shapes.tolist())) == len(sizes) < data.n_problems
     for train_idx, test_idx in data.folds(3, seed=2):
         assert not set(data.shapes[train_idx]) & set(data.shapes[test_idx])
+
+
+def test_each_layout_is_judged_on_its_own(tmp_path):
+    """A dataset of several layouts gets held-out metrics, targets and a table per layout (the
+    issue's floors hold for each); one of a single layout gets none."""
+    from cutetune.models.report import markdown, metrics_json
+
+    _write_layouts(tmp_path / "two", ["kk", "kn"], n=16, configs=24)
+    options = TrainOptions(folds=3, n_estimators=20, max_depth=4, objectives=("regression",),
+                           baselines=False, family_out=False)
+    _, ev = train(load_measurements(tmp_path / "two"), options)
+    by = ev.by_layout[ev.chosen]
+    assert list(by) == ["kk", "kn"] and by["kk"]["problems"] == by["kn"]["problems"] == 16
+    metrics = metrics_json(ev, {})
+    assert {t["what"] for t in metrics["targets"]} >= {"top1_geomean (kk)", "top1_p10 (kn)"}
+    kn = next(t for t in metrics["targets"] if t["what"] == "top1_geomean (kn)")
+    assert kn["value"] == by["kn"]["top1_geomean"] and kn["met"] == (kn["value"] >= 0.97)
+    assert "### By layout" in markdown(ev, {}, [], "") and "kn (16)" in markdown(ev, {}, [], "")
+    _write_layouts(tmp_path / "one", ["kk"], n=16, configs=24)
+    _, one = train(load_measurements(tmp_path / "one"), options)
+    assert one.by_layout == {} and "By layout" not in markdown(one, {}, [], "")
