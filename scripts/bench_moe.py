@@ -4,6 +4,7 @@ Inductor's max-autotune, one GEMM at a time and in a whole MoE block.
     python scripts/bench_moe.py gemms --out FILE [--max-autotune N] [--routings skewed,balanced]
     python scripts/bench_moe.py block --model M --mode MODE --out FILE
     python scripts/bench_moe.py run --out DIR [--budget-s S]
+    python scripts/bench_moe.py gather --out FILE [--configs N]
     python scripts/bench_moe.py plot FILE [--out PNG]
 
 ``gemms``: every grouped GEMM of the block (gate+up and down; forward, input and weight
@@ -31,6 +32,13 @@ GPU's is the host's) with the top kernels, and how the router spread the rows ov
 DIR/moe_block_h200.json (with speedups against default), its plot DIR/moe_block_h200.png and
 DIR/moe_gemms_h200.json.
 
+``gather``: whether quack's gather (``A_idx``) should fold the token permutation into the up
+projection: per model and token count (balanced routing), gate+up's forward on rows
+``x[idx]``, each token's row taken top_k times in expert order, timed L2-cold as ``gemms``:
+the copy ``x[idx]`` then torch._grouped_mm, the copy then the predicted pick, and quack
+reading the rows through ``idx`` (cp.async loads of A instead of TMA; cluster_n 1) with the
+pick at cluster_n 1 and the model's best ``--configs`` configs of cluster_n 1.
+
 ``plot``: a ``run``'s block results as a figure: per model and phase, each mode's step time
 against the token count (median, p20-p80 bars) and its speedup over default.
 """
@@ -46,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -210,6 +219,69 @@ def _host_us(torch) -> dict:
         out[name] = _quantiles(per_call)
     out["cutetune_minus_aten_us"] = out["cutetune"]["median"] - out["aten"]["median"]
     return out
+
+
+# ================================================================ the permutation folded in
+def gather(args) -> dict:
+    import torch
+
+    from cutetune.tuner.kernels.grouped_mm import picker
+    from cutetune.tuner.kernels.quack_gemm import MmPlan, grouped_kernel, launch
+    from cutetune.tuner.measure.grouped import GroupedBuffers
+    from cutetune.tuner.measure.timing import TimingPolicy, time_launches
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    policy = TimingPolicy(warmup=3, min_reps=10, max_reps=50, target_ms=20.0)
+    rows, deadline = [], time.time() + args.budget_s
+    for model, tokens in itertools.product(args.models.split(","), TOKENS):
+        if time.time() > deadline:
+            break
+        layer = MOE_MODELS[model]
+        p = expert_gemm("fwd", layer.experts, tokens * layer.top_k,
+                        *expert_projections(layer)["gate_up"])
+        buf = GroupedBuffers(p, routing_counts(p.experts, p.m, "balanced"), l2)
+        g = torch.Generator().manual_seed(tokens)
+        idx = (torch.randperm(p.m, generator=g) // layer.top_k).to(torch.int32).cuda()
+        buf.gather_rows(idx)
+        pick = picker().pick(p)
+        row = {"model": model, "tokens": tokens, "problem": p.key(),
+               "pick": "aten" if pick is None else pick.short()}
+
+        def timed(fn) -> dict:
+            try:
+                times, err = time_launches(fn, buf, policy)
+                return {**_quantiles(times), "err": err}
+            except Exception as e:  # noqa: BLE001  a failing config is recorded, not fatal
+                return {"error": f"{type(e).__name__}: {e}"[:300]}
+
+        row["copy_aten"] = timed(lambda a, b, d, cu, offs: torch._grouped_mm(
+            a.index_select(0, idx), b, offs=offs))
+        if pick is not None:
+            kernel = grouped_kernel(pick, p.arch, "m")
+            row["copy_pick"] = timed(lambda a, b, d, cu, offs: kernel(a.index_select(0, idx), b,
+                                                                      d, cu))
+        candidates = ([replace(pick, cluster_n=1)] if pick is not None else []) + [
+            c for c in picker().ranked(p, 64) if c.cluster_n == 1][:args.configs]
+        row["gather"] = {}
+        for config in dict.fromkeys(candidates):
+            plan = MmPlan(config, p.arch)
+            row["gather"][config.short()] = timed(
+                lambda a, b, d, cu, offs: launch(plan, a, b, d, None, 1.0, 1.0, cu_seqlens_m=cu,
+                                                 a_idx=idx))
+        right = lambda t: t.get("err", 1.0) < 1e-2  # noqa: E731  timed, and the right result
+        ok = {c: t["median"] for c, t in row["gather"].items() if right(t)}
+        copies = [row[k]["median"] for k in ("copy_aten", "copy_pick") if right(row.get(k, {}))]
+        if ok and copies:
+            row["gather_best"] = min(ok, key=ok.get)
+            row["copy_over_gather"] = min(copies) / ok[row["gather_best"]]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        del buf
+        torch.cuda.empty_cache()
+    ratios = [r["copy_over_gather"] for r in rows if "copy_over_gather" in r]
+    return {"rows": rows, "complete": len(rows) == len(args.models.split(",")) * len(TOKENS),
+            "copy_over_gather_geomean": _geomean(ratios) if ratios else None,
+            "copy_over_gather_min": min(ratios, default=None)}
 
 
 # ================================================================ the MoE block
@@ -541,6 +613,11 @@ def main() -> None:
     r.add_argument("--routings", default="skewed,balanced")
     r.add_argument("--gemms-s", type=float, default=150,
                    help="seconds of the budget kept for the GEMMs (0: none)")
+    ga = sub.add_parser("gather")
+    ga.add_argument("--out", required=True)
+    ga.add_argument("--configs", type=int, default=3)
+    ga.add_argument("--budget-s", type=float, default=300)
+    ga.add_argument("--models", default=",".join(MODELS))
     pl = sub.add_parser("plot")
     pl.add_argument("file", help="a run's moe_block_h200.json")
     pl.add_argument("--out", help="the figure (default: FILE with .png)")
@@ -549,7 +626,7 @@ def main() -> None:
         return run(args)
     if args.cmd == "plot":
         return plot(args.file, args.out or os.path.splitext(args.file)[0] + ".png")
-    res = gemms(args) if args.cmd == "gemms" else block(args)
+    res = {"gemms": gemms, "gather": gather, "block": block}[args.cmd](args)
     with open(args.out, "w") as f:
         json.dump({"command": " ".join(sys.argv), **res}, f, indent=1)
 

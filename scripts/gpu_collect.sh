@@ -24,6 +24,8 @@
 #   grouped_mm_tests  cutetune.grouped_mm's GPU tests and the harness's -> $OUT/gpu_tests_grouped_mm.log
 #   moe_bench      scripts/bench_moe.py run: the MoE block in every mode, then its GEMMs
 #                  -> $OUT/moe_block_h200.json (and .png where matplotlib is), $OUT/moe_gemms_h200.json
+#   moe_gather     scripts/bench_moe.py gather: the up projection with quack's gather (A_idx)
+#                  against the permutation's copy -> $OUT/moe_gather_h200.json
 #   compile_ab     scripts/compile_time_ab.py: the compile helper against quack's compile pool
 #                  -> $OUT/compile_time_ab_h200.json
 #   cudagraphs     scripts/bench_cudagraphs.py: small M with and without CUDA graphs
@@ -99,6 +101,9 @@ for stage in "$@"; do
         | tee "$OUT/gpu_tests_grouped_mm.log" | tail -n 25 ;;
     moe_bench)
       python scripts/bench_moe.py run --out "$OUT" --budget-s "$(left 20)" 2>&1 | tail -n 60 ;;
+    moe_gather)
+      python scripts/bench_moe.py gather --out "$OUT/moe_gather_h200.json" --budget-s "$(left 20)" \
+        2>&1 | tail -n 12 ;;
     compile_ab)
       python scripts/compile_time_ab.py --repeats 2 --variants helper quack_pool \
         --out "$OUT/compile_time_ab_h200.json" 2>&1 | tail -n 15 ;;

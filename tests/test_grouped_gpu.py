@@ -63,3 +63,27 @@ def test_a_grouped_kernel_that_skips_an_expert_is_caught(gpu_worker):
     row = _row(MeasureTask(p, "test", ()), "quack", config,
                **timed_outcome(short, buf, TimingPolicy()))
     assert row["status"] == "wrong_result"
+
+
+def test_a_varlen_m_kernel_gathers_its_rows_through_an_index(gpu_worker):
+    """quack's gather (``A_idx``), as bench_moe.py's copy-free up projection runs it: row i
+    of the product is row idx[i] of A (each token's row taken twice, in expert order) times
+    its expert's B, against the fp32 reference of the copied rows."""
+    import torch
+
+    from cutetune.tuner.kernels.quack_gemm import MmPlan, launch
+    from cutetune.tuner.measure.grouped import GroupedBuffers
+
+    counts = (300, 0, 212, 512)
+    p = GroupedProblem(experts=4, m=sum(counts), n=512, k=1024)
+    buf = GroupedBuffers(p, counts, 50 << 20)
+    idx = (torch.randperm(p.m, generator=torch.Generator().manual_seed(0)) // 2).int().cuda()
+    buf.gather_rows(idx)
+    a, b, d, cu, _ = buf.sets[0]
+    config = next(c for c in enumerate_configs("sm90", p) if c.cluster_n == 1)
+    launch(MmPlan(config, "sm90"), a, b, d, None, 1.0, 1.0, cu_seqlens_m=cu, a_idx=idx)
+    err = torch.linalg.vector_norm(d.float() - buf.ref) / buf.ref_norm
+    assert err < 1e-2
+    # the reference is the gathered rows', not the first rows': a kernel ignoring idx fails
+    launch(MmPlan(config, "sm90"), a, b, d, None, 1.0, 1.0, cu_seqlens_m=cu)
+    assert torch.linalg.vector_norm(d.float() - buf.ref) / buf.ref_norm > 0.5

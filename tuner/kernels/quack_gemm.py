@@ -89,11 +89,13 @@ def await_background_import() -> None:
 
 
 def launch(plan: MmPlan, a, b, out, c, alpha, beta, cu_seqlens_m=None,
-           cu_seqlens_k=None) -> None:
+           cu_seqlens_k=None, a_idx=None) -> None:
     """``out = alpha * (a @ b) + beta * c`` with ``plan``'s config. With ``cu_seqlens_m`` or
     ``cu_seqlens_k`` (int32, E + 1 offsets from 0) a grouped GEMM in torch._grouped_mm's
     layouts: varlen M, ``a`` (M_total, K) @ ``b`` (E, K, N) by row groups; varlen K, ``a``
-    (M, K_total) @ ``b`` (K_total, N) into ``out`` (E, M, N) by reduction groups."""
+    (M, K_total) @ ``b`` (K_total, N) into ``out`` (E, M, N) by reduction groups. With varlen
+    M and ``a_idx`` (int32, M_total), the kernel reads row ``a_idx[i]`` of ``a`` as row i
+    (quack's gather; its config must have cluster_n 1)."""
     execute, serial, rn = _quack()
     cfg = plan.config
     if plan.quack_config is None:
@@ -106,7 +108,7 @@ def launch(plan: MmPlan, a, b, out, c, alpha, beta, cu_seqlens_m=None,
     plan.dispatch = execute(
         a, b, out, C,
         bias=bias, alpha=float(alpha), beta=float(beta) if C is not None else 1.0,
-        cu_seqlens_m=cu_seqlens_m, cu_seqlens_k=cu_seqlens_k, A_idx=None, batch_idx_permute=None,
+        cu_seqlens_m=cu_seqlens_m, cu_seqlens_k=cu_seqlens_k, A_idx=a_idx, batch_idx_permute=None,
         add_to_output=False, dynamic_scheduler=cfg.is_dynamic_persistent,
         config=plan.quack_config, rounding_mode=rn, sr_seed=0, concat_layout=None,
         SFA=None, SFB=None, split_k=cfg.split_k, split_k_mode=serial,

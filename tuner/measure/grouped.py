@@ -54,6 +54,15 @@ class GroupedBuffers:
         self.ref = self._reference(*self.sets[0][:2])
         self.ref_norm = torch.linalg.vector_norm(self.ref)
 
+    def gather_rows(self, idx) -> None:
+        """Check launches against a GEMM whose row i is row ``idx[i]`` of ``a`` (varlen M): a
+        kernel that gathers A's rows (quack's ``A_idx``), or a copy ``a[idx]`` before it."""
+        import torch
+
+        a, b = self.sets[0][:2]
+        self.ref = self._reference(a[idx.long()], b)
+        self.ref_norm = torch.linalg.vector_norm(self.ref)
+
     def _reference(self, a, b):
         import torch
 
