@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..space.problem import GemmProblem
+
 M_BUCKETS = ((1, 64), (65, 512), (513, 4096), (4097, None))
 # Grouped GEMMs by their routed rows (tokens x top-k): decode steps of a top-8 model up to 128
 # tokens, then up to 1024, 8192 tokens, and beyond.
@@ -181,7 +183,7 @@ def layout_masks(problems) -> dict[str, np.ndarray]:
     """Layout name -> mask of the dense problems in it, where they span more than one: A's and
     B's majors ("kk" is nn.Linear's forward, "kn" its input gradient, "mn" its weight
     gradient), with " bmm" after a batched problem's. None for grouped problems."""
-    if not problems or not hasattr(problems[0], "a_major"):
+    if not problems or not isinstance(problems[0], GemmProblem):
         return {}
     names = np.array([p.a_major + p.b_major + (" bmm" if p.batch > 1 else "")
                       for p in problems])
