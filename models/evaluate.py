@@ -182,7 +182,7 @@ def summarize_by_bucket(ps: ProblemScores, buckets=M_BUCKETS,
 def layout_masks(problems) -> dict[str, np.ndarray]:
     """Layout name -> mask of the dense problems in it, where they span more than one: A's and
     B's majors ("kk" is nn.Linear's forward, "kn" its input gradient, "mn" its weight
-    gradient), with " bmm" after a batched problem's. None for grouped problems."""
+    gradient), with " bmm" after a batched problem's; empty for grouped problems."""
     if not problems or not isinstance(problems[0], GemmProblem):
         return {}
     names = np.array([p.a_major + p.b_major + (" bmm" if p.batch > 1 else "")

@@ -36,8 +36,9 @@ DIR/moe_gemms_h200.json.
 projection: per model and token count (balanced routing), gate+up's forward on rows
 ``x[idx]``, each token's row taken top_k times in expert order, timed L2-cold as ``gemms``:
 the copy ``x[idx]`` then torch._grouped_mm, the copy then the predicted pick, and quack
-reading the rows through ``idx`` (cp.async loads of A instead of TMA; cluster_n 1) with the
-pick at cluster_n 1 and the model's best ``--configs`` configs of cluster_n 1.
+reading the rows through ``idx`` (cp.async loads of A instead of TMA) with the pick made fit
+for quack's gather (cluster_n 1, static scheduler) and the model's best ``--configs`` configs
+that quack's gather takes (``quack.gemm_config.config_supports``).
 
 ``plot``: a ``run``'s block results as a figure: per model and phase, each mode's step time
 against the token count (median, p20-p80 bars) and its speedup over default.
@@ -224,6 +225,7 @@ def _host_us(torch) -> dict:
 # ================================================================ the permutation folded in
 def gather(args) -> dict:
     import torch
+    from quack.gemm_config import config_supports
 
     from cutetune.tuner.kernels.grouped_mm import picker
     from cutetune.tuner.kernels.quack_gemm import MmPlan, grouped_kernel, launch
@@ -247,7 +249,7 @@ def gather(args) -> dict:
         row = {"model": model, "tokens": tokens, "problem": p.key(),
                "pick": "aten" if pick is None else pick.short()}
 
-        def timed(fn) -> dict:
+        def timed(fn, buf=buf) -> dict:
             try:
                 times, err = time_launches(fn, buf, policy)
                 return {**_quantiles(times), "err": err}
@@ -260,10 +262,17 @@ def gather(args) -> dict:
             kernel = grouped_kernel(pick, p.arch, "m")
             row["copy_pick"] = timed(lambda a, b, d, cu, offs: kernel(a.index_select(0, idx), b,
                                                                       d, cu))
-        candidates = ([replace(pick, cluster_n=1)] if pick is not None else []) + [
-            c for c in picker().ranked(p, 64) if c.cluster_n == 1][:args.configs]
+        # quack's gather rules (config_supports): cluster_n 1, and on sm90 neither the
+        # dynamic scheduler nor tile_n 208 (our launch skips quack's own check of them)
+        candidates = ([replace(pick, cluster_n=1, is_dynamic_persistent=False)]
+                      if pick is not None else []) + [
+            c for c in picker().ranked(p, 256)
+            if config_supports(c.to_quack(p.arch), gather_A=True, varlen_m=True)][:args.configs]
         row["gather"] = {}
         for config in dict.fromkeys(candidates):
+            if time.time() > deadline or not config_supports(
+                    config.to_quack(p.arch), gather_A=True, varlen_m=True):
+                continue
             plan = MmPlan(config, p.arch)
             row["gather"][config.short()] = timed(
                 lambda a, b, d, cu, offs: launch(plan, a, b, d, None, 1.0, 1.0, cu_seqlens_m=cu,

@@ -31,7 +31,7 @@ import numpy as np
 
 from blend_study import load, out_of_fold  # scripts/, on sys.path when run as a script
 from cutetune.models.baselines import nvmmh_ranked
-from cutetune.models.evaluate import group_offsets, score_problems
+from cutetune.models.evaluate import group_kfold, group_offsets, score_problems
 from cutetune.models.fallback import CublasFallback, fallback_inputs, held_out_levels, outcome
 from cutetune.models.learners import blended
 
@@ -48,10 +48,11 @@ def uncertainty(pick_score: np.ndarray, log_ms: np.ndarray, group: np.ndarray, k
     return out
 
 
-def aten_time(desc: np.ndarray, aten_ms: np.ndarray, train: np.ndarray, test: np.ndarray,
-              inner: int = 5) -> np.ndarray:
+def aten_time(desc: np.ndarray, aten_ms: np.ndarray, shapes, train: np.ndarray,
+              test: np.ndarray, inner: int = 5) -> np.ndarray:
     """Predicted log ATen ms per problem: ``test``'s from a regression fit on ``train``'s
-    problems, each of ``train``'s from one fit without its inner fold (nan elsewhere)."""
+    problems, each of ``train``'s from one fit without its inner fold (a shape's problems in
+    one fold, as ``Measurements.folds`` keeps them; nan elsewhere)."""
     import xgboost as xgb
 
     def fit(rows):
@@ -61,8 +62,9 @@ def aten_time(desc: np.ndarray, aten_ms: np.ndarray, train: np.ndarray, test: np
         return xgb.train(params, xgb.DMatrix(desc[rows], label=np.log(aten_ms[rows])), 300)
 
     out = np.full(len(aten_ms), np.nan)
-    for part in np.array_split(np.random.default_rng(0).permutation(train), inner):
-        out[part] = fit(np.setdiff1d(train, part)).inplace_predict(desc[part])
+    inner_shapes = None if shapes is None else shapes[train]
+    for fit_on, part in group_kfold(len(train), inner, 0, inner_shapes):
+        out[train[part]] = fit(train[fit_on]).inplace_predict(desc[train[part]])
     out[test] = fit(train).inplace_predict(desc[test])
     return out
 
@@ -125,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         variants = [(name, model, partial(held_out_levels, model, Xf))
                     for name, model, Xf in fixed]
         variants.append(("classifier_aten_time", classifier, partial(
-            per_fold_levels, classifier,
-            lambda train, test: with_margin(base, aten_time(desc, data.cublas_ms, train, test)))))
+            per_fold_levels, classifier, lambda train, test, base=base: with_margin(
+                base, aten_time(desc, data.cublas_ms, data.shapes, train, test)))))
         for name, model, levels_of in variants:
             levels = levels_of(log_ratio, splits, args.quantiles)
             for q, pred in levels.items():

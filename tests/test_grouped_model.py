@@ -116,6 +116,7 @@ def test_grouped_training_meets_synthetic_floors(trained):
     assert metrics["kind"] == "grouped"
     assert metrics["baseline"] == {"name": "torch._grouped_mm", "backend": "aten"}
     assert metrics["problems"] == len(problems) and metrics["swept"] == 1
+    assert metrics["by_layout"] == {}  # majors, but no layouts to judge apart
     chosen = metrics["cv"][metrics["chosen"]]["all"]
     # The best config is a function of the features: a few points under what this set gives.
     assert chosen["top1_geomean"] >= 0.93 and chosen["top1_p10"] >= 0.85

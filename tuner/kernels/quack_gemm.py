@@ -95,7 +95,9 @@ def launch(plan: MmPlan, a, b, out, c, alpha, beta, cu_seqlens_m=None,
     layouts: varlen M, ``a`` (M_total, K) @ ``b`` (E, K, N) by row groups; varlen K, ``a``
     (M, K_total) @ ``b`` (K_total, N) into ``out`` (E, M, N) by reduction groups. With varlen
     M and ``a_idx`` (int32, M_total), the kernel reads row ``a_idx[i]`` of ``a`` as row i
-    (quack's gather; its config must have cluster_n 1)."""
+    (quack's gather, for a config that ``quack.gemm_config.config_supports`` passes with
+    gather_A: this launch does not check it). A plan launches one kind, with ``a_idx`` or
+    without: its dispatch plan is the first launch's."""
     execute, serial, rn = _quack()
     cfg = plan.config
     if plan.quack_config is None:
