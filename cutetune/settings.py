@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from .errors import OutputError
+
 MODES = ("predicted", "reduced", "off")
 PACKAGE_DATA = Path(__file__).resolve().parent / "data"  # the shipped artifacts (pyproject)
 
@@ -96,7 +98,11 @@ def kernel_cache_dir(explicit: str | None = None) -> str:
     """quack's on-disk kernel cache for the tuner: ``explicit``, else $QUACK_CACHE_DIR, else
     ``quack-kernels`` in cutetune's cache folder (``cache_dir``)."""
     path = explicit or quack_cache_dir() or str(cache_dir() / "quack-kernels")
-    os.makedirs(path, exist_ok=True)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:  # a file there, or no permission: named, not a traceback
+        raise OutputError(f"kernel cache folder {path} cannot be used ({e.strerror}); give a "
+                          f"folder (--cache-dir, $QUACK_CACHE_DIR or $CUTETUNE_CACHE)") from None
     return path
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..artifacts import read_artifact, sealed_json, write_atomic
+from ..artifacts import read_artifact, sealed_json, write_artifact
 from ..errors import ArtifactError
 from ..space.config import KernelConfig
 from ..space.device import DeviceSpec, device_for
@@ -199,8 +199,9 @@ class CostModel:
         return d
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the model file, with its checksum, atomically."""
-        return write_atomic(path, sealed_json(self.to_dict(), indent=1, sort_keys=True), WHAT)
+        """Write the model file, with its checksum, atomically (gzipped where ``path`` ends
+        in .gz, as ``load_model`` reads it)."""
+        return write_artifact(path, sealed_json(self.to_dict(), indent=1, sort_keys=True), WHAT)
 
 
 def load_model(path: str | os.PathLike | None = None, arch: str = "sm90",

@@ -8,9 +8,10 @@ the contract between them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import uuid
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -128,16 +129,34 @@ def append(path: str | os.PathLike, rows: list[dict]) -> Path | None:
         raise DatasetError(f"cannot create dataset folder {folder}: {e}") from e
     full = [{**{f.name: None for f in SCHEMA}, "schema_version": SCHEMA_VERSION, **r} for r in rows]
     table = pa.Table.from_pylist(full, schema=SCHEMA)
-    name = f"part-{len(list(folder.glob('part-*.parquet'))):06d}-{uuid.uuid4().hex[:8]}.parquet"
-    return _write_part(folder / name, table, compression="zstd")
+    return _write_part(folder, len(list(folder.glob("part-*.parquet"))), table,
+                       compression="zstd")
 
 
-def _write_part(path: Path, table: pa.Table, **options) -> Path:
+DIGEST_CHARS = 16  # of the sha256 of a part's bytes, in its name
+
+
+def _write_part(folder: Path, index: int, table: pa.Table, **options) -> Path:
     """Write a part atomically (``cutetune.artifacts.write_atomic``): serialized in memory,
-    so a full disk is an OutputError naming the part, and no temporary file stays."""
+    so a full disk is an OutputError naming the part, and no temporary file stays. Its name
+    ends in its bytes' digest, which ``load`` checks: a damaged byte anywhere in it is
+    refused, not read as another time."""
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, **options)
-    return write_atomic(path, sink.getvalue().to_pybytes(), "dataset part")
+    raw = sink.getvalue().to_pybytes()
+    digest = hashlib.sha256(raw).hexdigest()[:DIGEST_CHARS]
+    return write_atomic(folder / f"part-{index:06d}-{digest}.parquet", raw, "dataset part")
+
+
+def _check_digest(part: Path) -> None:
+    """A part named with its digest must still have it (parts written before digests, named
+    by a random id of 8 characters, are not checked until ``compact`` rewrites them)."""
+    named = part.stem.rsplit("-", 1)[-1]
+    if re.fullmatch(f"[0-9a-f]{{{DIGEST_CHARS}}}", named) and hashlib.sha256(
+            part.read_bytes()).hexdigest()[:DIGEST_CHARS] != named:
+        raise DatasetError(f"corrupt dataset part {part}: its bytes no longer match the "
+                           f"digest in its name (a damaged file); move it away and run the "
+                           f"same collect again, which measures its rows anew")
 
 
 def parts(path: str | os.PathLike) -> list[Path]:
@@ -156,6 +175,7 @@ def load(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
         raise DatasetError(f"no dataset parts (part-*.parquet) under {path}")
     tables = []
     for f in files:
+        _check_digest(f)
         try:  # the asked columns the part has, and its version (an older one lacks some)
             held = pq.read_schema(f).names
             asked = None if columns is None else [
@@ -236,10 +256,10 @@ def compact(path: str | os.PathLike) -> Path:
     old = parts(path)
     table = load(path)
     folder = Path(path)
-    name = f"part-{0:06d}-{uuid.uuid4().hex[:8]}.parquet"
-    path = _write_part(folder / name, table, compression="zstd", compression_level=9)
+    path = _write_part(folder, 0, table, compression="zstd", compression_level=9)
     for f in old:
-        f.unlink()
+        if f != path:  # a compacted dataset compacts to its own bytes, under its own name
+            f.unlink()
     return path
 
 

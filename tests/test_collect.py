@@ -111,6 +111,24 @@ def test_dataset_append_is_atomic_and_checked(tmp_path):
         dataset.load(tmp_path / "empty")
 
 
+def test_a_damaged_byte_in_a_part_is_refused_not_read_as_another_time(tmp_path):
+    """Every byte of an appended part, flipped in turn, is refused as corrupt, naming the
+    part (its name holds its digest); compacting a compacted dataset keeps it."""
+    out = tmp_path / "ds"
+    rows = [{**GemmProblem(128, 256 + 64 * i, 512).to_dict(), "problem_key": f"p{i}",
+             "backend": "cublas", "config_key": "", "status": "ok", "time_ms": 0.5 + i / 7}
+            for i in range(40)]
+    part = dataset.append(out, rows)
+    written, raw = dataset.load(out), part.read_bytes()
+    for i in range(0, len(raw), 7):
+        part.write_bytes(raw[:i] + bytes([raw[i] ^ 0x10]) + raw[i + 1:])
+        with pytest.raises(dataset.DatasetError, match=f"corrupt dataset part .*{part.name}"):
+            dataset.load(out)
+    part.write_bytes(raw)
+    once = dataset.compact(out)
+    assert dataset.compact(out) == once and dataset.load(out).equals(written)
+
+
 def test_tuner_gpu_session_reuses_its_workers(tmp_path, monkeypatch):
     """measure_configs keeps one executor: the second call compiles nothing again."""
     from cutetune.tuner.measure import gpu_session
@@ -180,7 +198,8 @@ def test_launch_host_us_is_the_host_time_of_one_mm_launch():
 def test_kernel_cache_follows_cutetunes_cache_folder(tmp_path, monkeypatch):
     """The tuner's quack kernel cache: an explicit folder, else $QUACK_CACHE_DIR, else
     ``quack-kernels`` in cutetune's cache folder ($CUTETUNE_CACHE)."""
-    from cutetune.tuner.kernels.compile import kernel_cache_dir
+    from cutetune.errors import OutputError
+    from cutetune.settings import kernel_cache_dir
 
     monkeypatch.delenv("QUACK_CACHE_DIR", raising=False)
     monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path / "ct"))
@@ -189,6 +208,10 @@ def test_kernel_cache_follows_cutetunes_cache_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("QUACK_CACHE_DIR", str(tmp_path / "q"))
     assert kernel_cache_dir() == str(tmp_path / "q")
     assert kernel_cache_dir(str(tmp_path / "x")) == str(tmp_path / "x")
+    (tmp_path / "file").write_text("x")  # a cache that cannot be a folder is named
+    monkeypatch.setenv("QUACK_CACHE_DIR", str(tmp_path / "file"))
+    with pytest.raises(OutputError, match=f"kernel cache folder {tmp_path / 'file'} cannot"):
+        kernel_cache_dir()
 
 
 def grouped_fake_measure(task):

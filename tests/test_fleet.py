@@ -268,3 +268,17 @@ def test_a_fleet_refuses_grouped_problems_with_one_line(tmp_path, capsys):
     assert "a fleet measures dense GEMMs; moe holds grouped ones" in capsys.readouterr().err
     assert main([*common, "--problems", "moe", "--routings", "balanced"]) == 2
     assert "--routings is for grouped problems" in capsys.readouterr().err
+
+
+def test_a_damaged_replayed_dataset_is_named_before_any_worker_starts(tmp_path, capsys):
+    from cutetune.cli import main
+
+    (tmp_path / "rec").mkdir()
+    (tmp_path / "rec" / "part-000000-00000000.parquet").write_bytes(b"not parquet")
+    argv = ["collect", "--storage", f"sqlite:///{tmp_path}/q.db", "--out", str(tmp_path / "o"),
+            "--backend", f"replay:{tmp_path / 'rec'}", "--problems", "llm"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    bad = tmp_path / "rec" / "part-000000-00000000.parquet"
+    assert len(err) == 1 and f"corrupt dataset part {bad}" in err[0], err
+    assert not (tmp_path / "q.db").exists()  # no queue made, no worker started

@@ -354,7 +354,78 @@ def test_no_gpu_is_one_line_before_any_worker_starts(tmp_path, capsys, no_gpu):
     (["space", "check", "--timeout", "-1"], "--timeout must be > 0, got -1.0"),
     (["space", "check", "--sample", "0"], "--sample must be >= 1, got 0"),
     (["prebuild", "--workers", "0"], "--workers must be >= 1, got 0"),
+    (["train", "ds", "--out", "m.json", "--trees", "0"], "--trees must be >= 1, got 0"),
+    (["train", "ds", "--out", "m.json", "--depth", "-1"], "--depth must be >= 1, got -1"),
+    (["emit", "--out", "h.json", "--exact-margin", "nan"],
+     "--exact-margin must be >= 0.0, got nan"),
+    (["emit", "--out", "h.json", "--exact-margin", "-0.5"],
+     "--exact-margin must be >= 0.0, got -0.5"),
 ])
 def test_counts_and_times_are_refused_while_parsing(capsys, argv, message):
     line = _one_line(capsys, main(argv), argv[0])
     assert line.endswith(message), line
+
+
+# ---------------------------------------------------------------- collect's inputs and outputs
+@pytest.mark.parametrize("option, make, message", [
+    ("--out", lambda p: p.write_text("x"), "dataset folder {} is a file; give a folder"),
+    ("--stats", lambda p: p.mkdir(), "stats file {} is a directory; give a file path"),
+    ("--cache-dir", lambda p: p.write_text("x"), "kernel cache folder {} cannot be used (File "
+                                                 "exists); give a folder (--cache-dir, "),
+])
+def test_collect_refuses_unusable_outputs_before_any_work(capsys, tmp_path, option, make,
+                                                          message):
+    """Checked before the problems and any measurement, a fleet's too (a replaying one here:
+    on one host, the GPU check comes first)."""
+    bad = tmp_path / "bad"
+    make(bad)
+    argv = ["collect", "--problems", "no-such-suite", "--out", str(tmp_path / "ds"),
+            "--storage", f"sqlite:///{tmp_path / 'q.db'}", "--backend",
+            f"replay:{tmp_path / 'no-such-dataset'}", option, str(bad)]
+    line = _one_line(capsys, main(argv), "collect")
+    assert message.format(bad) in line, line
+
+
+@pytest.mark.parametrize("content, words", [
+    ({"m": 128, "n": 256, "k": 512}, "must hold a non-empty list of problem objects"),
+    ([], "(empty)"),
+    ([{"m": 128, "n": 256, "k": 512}, {"m": 128, "n": 256}], "item 1"),
+    ([{"m": 128, "n": 256, "k": 512, "q": 1}], "item 0"),
+    ([{"m": -1, "n": 256, "k": 512}], "item 0"),
+    (["m=1"], "item 0 ('m=1'): an object of sizes, not a str"),
+    ([[["m", 128], ["n", 256], ["k", 512]]], "an object of sizes, not a list"),
+    ([{"m": 128, "n": 256, "k": 512, "suite": 5}], "item 0 ({'m': 128, 'n': 256, 'k': 512, "
+                                                   "'suite': 5}): its suite must be a name"),
+    (0, "problem objects ({\"m\": ..., \"n\": ..., \"k\": ...}), got int"),
+])
+def test_a_problems_file_of_the_wrong_content_names_itself_and_the_item(tmp_path, content, words):
+    from cutetune.tuner.measure.collect import load_problems
+
+    f = tmp_path / "mine.json"
+    f.write_text(json.dumps(content))
+    with pytest.raises(ValueError) as e:
+        load_problems(str(f), "bf16", "sm90", 0)
+    assert str(f) in str(e.value) and words in str(e.value)
+    assert str(e.value).endswith("(empty)") == (content == [])
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps([{"m": 128, "n": 256, "k": 512}]))
+    assert [(s, p.m) for s, p in load_problems(str(ok), "bf16", "sm90", 0)] == [("ok", 128)]
+
+
+@pytest.mark.parametrize("spec", ["sample:abc", "sample:0", "sample:-1", "sample:"])
+def test_a_bad_config_sample_names_the_option(spec, capsys, no_gpu):
+    """Refused as the command is read: before the GPU check (none here) and any work."""
+    from cutetune.space import GemmProblem
+    from cutetune.tuner.measure.collect import configs_for
+
+    message = f"--configs sample:N needs a count N >= 1, got '{spec}'"
+    assert message in _one_line(capsys, main(["collect", "--configs", spec]), "collect")
+    with pytest.raises(ValueError, match=message):
+        configs_for(GemmProblem(128, 256, 512), spec, 0)
+    assert len(configs_for(GemmProblem(128, 256, 512), "sample:3", 0)) == 3
+
+
+def test_a_misspelt_routing_or_layout_is_named_before_the_gpu_check(capsys, no_gpu):
+    for argv, words in ((["--routings", "balancd"], "balancd"), (["--layouts", "kx"], "kx")):
+        line = _one_line(capsys, main(["collect", *argv]), "collect")
+        assert words in line and "no CUDA GPU" not in line, line

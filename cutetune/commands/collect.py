@@ -3,9 +3,11 @@ a fleet sharing one queue (``tuner/measure/collect.py``, ``tuner/fleet/``)."""
 
 from __future__ import annotations
 
+from ..artifacts import check_writable, check_writable_dir
 from ..space.suites import LAYOUTS, ROUTINGS, check_layouts, check_routings, in_layouts
-from ..tuner.measure.collect import collect, load_problems
-from ..tuner.measure.timing import TimingPolicy
+from .. import settings
+from ..tuner.measure.collect import check_configs_spec, collect, load_problems
+from ..tuner.measure.timing import TimingPolicy, require_gpu
 from ..tuner.measure.collect import __doc__ as DOC
 from .options import at_least, more_than
 from . import fleet as fleet_cli
@@ -45,19 +47,26 @@ def register(sub) -> None:
 
 
 def _run(args) -> int:
+    # What is wrong with the command itself, then the GPU, then where results go: refused
+    # before anything is written or measured (a fleet writes the dataset at its export).
+    fleet = fleet_cli.requested(args)
     routings = None if args.routings is None else check_routings(args.routings.split(","))
-    if args.layouts is not None:  # checked (and named alike for a fleet) before any work
+    if args.layouts is not None:  # named alike for a fleet
         args.layouts = ",".join(check_layouts(args.layouts.split(",")))
-    if fleet_cli.requested(args):
+    check_configs_spec(args.configs)
+    if not fleet or args.backend == "gpu":
+        require_gpu()
+    check_writable_dir(args.out, "dataset folder")
+    if args.stats:
+        check_writable(args.stats, "stats file")
+    settings.kernel_cache_dir(args.cache_dir)  # --cache-dir, or the settings' folder
+    if fleet:
         if routings is not None:
             raise ValueError("--routings is for grouped problems, which a fleet does not "
                              "measure: collect them on one host (without --storage)")
         from ..tuner.fleet.run import run_fleet
 
         return run_fleet(args)
-    from ..tuner.measure.timing import require_gpu
-
-    require_gpu()  # before the GPU worker starts
     problems = load_problems(args.problems, args.dtype, args.arch, args.seed)[:args.limit_problems]
     if args.layouts is not None:
         problems = in_layouts(problems, args.layouts.split(","))

@@ -15,6 +15,7 @@ from ..models.heuristics import (EXACT_MARGIN, FILE_TOP_K, Grid, Pick, _digest, 
 from ..models.triton_mm import TritonTable
 from ..space.config import KernelConfig
 from ..space.problem import ARCHES, SUPPORTED_DTYPES, GemmProblem
+from .options import at_least
 
 
 # ---------------------------------------------------------------- `cutetune emit`
@@ -186,7 +187,7 @@ def register(subparsers) -> None:
                    help=f"configs kept per entry (default {FILE_TOP_K})")
     p.add_argument("--dataset", help="dataset folder: add exact entries for its problems, "
                    "from their measurements where they have a cuBLAS time")
-    p.add_argument("--exact-margin", type=float, default=EXACT_MARGIN,
+    p.add_argument("--exact-margin", action=at_least(0.0, float), default=EXACT_MARGIN,
                    help="a recorded problem gets CuteDSL only if its best measured config beat "
                    f"cuBLAS by this fraction (default {EXACT_MARGIN})")
     p.add_argument("--triton-sweep", nargs="+", metavar="JSONL",

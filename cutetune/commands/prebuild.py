@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..artifacts import check_writable
 from .options import at_least, more_than
 from ..models.heuristics import Heuristics, default_path
 from ..tuner.kernels import aot
@@ -27,6 +28,9 @@ def _run(args) -> int:
     from ..tuner.kernels.prebuild import prebuild  # imports torch: not for the parser
 
     h = Heuristics.load(args.heuristics or default_path("sm90", "bf16"))
+    if args.package:  # written after the builds: refused now if it cannot be
+        check_writable(args.package, "kernel package")
+        aot.read_package(args.package)
     summary = prebuild(h, args.workers, args.timeout_s, args.package)
     print(json.dumps(summary))
     return 0 if summary["built"] == summary["kernels"] else 1

@@ -15,6 +15,7 @@ from ..models.dataset import DatasetError
 from ..models.fallback import OBJECTIVES
 from ..models.kinds import KINDS
 from ..models.train import KIND_DEFAULTS, Evaluation, TrainOptions, train
+from .options import at_least
 
 
 def run(dataset: str | os.PathLike, out: str | os.PathLike, report_dir: str | os.PathLike | None,
@@ -61,8 +62,8 @@ def add_arguments(p: argparse.ArgumentParser, dataset: str | None = None, out: s
                    help="write the evaluation report here" + (f" (default {report})" if report else ""))
     p.add_argument("--folds", type=int, default=d.folds)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--trees", type=int, default=d.n_estimators)
-    p.add_argument("--depth", type=int, default=d.max_depth)
+    p.add_argument("--trees", action=at_least(1), default=d.n_estimators)
+    p.add_argument("--depth", action=at_least(1), default=d.max_depth)
     p.add_argument("--objectives", default=",".join(d.objectives),
                    help="XGBoost objectives to try, comma-separated (regression is always kept: "
                         "it is the time model)")

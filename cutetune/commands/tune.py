@@ -17,6 +17,7 @@ from ..tuner.search.storage import GRACE_HEARTBEATS, open_storage
 from ..tuner.search.study import (_MODEL_DEFAULTS, DEFAULT_TRIALS, Budget, TuneResult,
                                   default_storage_url, open_study, tune_study)
 from .. import settings
+from ..artifacts import check_writable, check_writable_dir
 from .options import at_least, more_than
 
 
@@ -57,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
         from ..tuner.measure.timing import require_gpu
 
         require_gpu()
+        check_writable_dir(args.dataset, "dataset folder")  # where the measurements go
+    if args.results:  # written when the run ends: a bad place is refused before it starts
+        check_writable(args.results, "results file")
     if args.workers > 1:  # several processes on one study: Optuna shares it through storage
         from ..tuner.fleet.run import run_pinned
 

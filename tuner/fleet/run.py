@@ -8,18 +8,17 @@ import os
 import socket
 import sys
 import time
-from pathlib import Path
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from ...artifacts import write_atomic
 from ...models import dataset
-from ..kernels.compile import kernel_cache_dir
+from ... import settings
 from ...errors import UserError
 from ...space.problem import GemmProblem
 from ...space.suites import in_layouts
 from ..measure.collect import configs_for, load_problems
-from ..measure.timing import require_gpu
 from ..search.storage import open_storage, safe_url
 from .plan import ITEM_ATTR, PLAN_ATTR, Plan, ROWS_ATTR, WORKER_ATTR, Work, plan_items
 from .queue import decode_rows, prepare
@@ -123,9 +122,8 @@ def run_pinned(fn, args) -> int:
 
 
 def default_storage() -> str:
-    from ..kernels.compile import cache_dir
 
-    path = cache_dir() / "fleet.sqlite"
+    path = settings.cache_dir() / "fleet.sqlite"
     path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"
 
@@ -147,10 +145,10 @@ def run_fleet(args) -> int:
     if url.startswith("journal:"):
         raise UserError("a fleet queue needs sqlite:///FILE (one host) or postgresql://... "
                         "(many hosts), not a journal file")
-    if args.backend == "gpu":
-        require_gpu()  # here, not in each worker process
+    if args.backend == "gpu":  # a GPU is there: `cutetune collect` asked first
         gpus = visible_gpus()
-    else:
+    else:  # a damaged replayed dataset is named here, not in every worker's traceback
+        dataset.load(args.backend[len("replay:"):], columns=["problem_key"])
         gpus = [None]
     n = args.workers if args.workers is not None else len(gpus)
     problems = load_problems(args.problems, args.dtype, args.arch, args.seed)[:args.limit_problems]
@@ -174,7 +172,7 @@ def run_fleet(args) -> int:
         storage, name, work_def, lambda: plan_items(problems, work_def, dataset.done_keys(args.out)))
     print(f"fleet: study {name!r} in {safe_url(url)}: {len(plan.items)} items planned, "
           f"{enqueued} enqueued now; {n} workers here", file=sys.stderr, flush=True)
-    cache = kernel_cache_dir(args.cache_dir)
+    cache = settings.kernel_cache_dir(args.cache_dir)
     compile_workers = args.compile_workers or max(1, ((os.cpu_count() or 2) - 2) // n)
     specs = [WorkerSpec(url, name, args.backend, gpus[i % len(gpus)], args.heartbeat,
                         args.max_retry, t0 + args.time_budget, compile_workers, cache,
@@ -201,8 +199,7 @@ def run_fleet(args) -> int:
     print(f"fleet: study {counts}; exported {exported['appended']} new rows to {args.out}",
           file=sys.stderr)
     if args.stats:
-        Path(args.stats).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.stats).write_text(json.dumps(stats, indent=1))
+        write_atomic(args.stats, json.dumps(stats, indent=1), "stats file")
     unfinished = counts["items"] - counts["complete"]
     if unfinished and time.time() - t0 < args.time_budget:
         print(f"fleet: {unfinished} items are not complete ({counts['lost']} lost); run the "

@@ -39,9 +39,9 @@ from functools import lru_cache
 from pathlib import Path
 
 
-from .compile import cache_dir
 from ... import settings
 from ...artifacts import package_versions, replacing, write_atomic
+from ...errors import OutputError
 
 FORMAT = 1
 # What quack's plan build gets for the number of active clusters in the GPU-blind builder: it
@@ -87,7 +87,7 @@ def kernel_key(spec: dict, environment: dict | None = None) -> str:
 
 
 def library_dir() -> Path:
-    return cache_dir() / "aot"
+    return settings.cache_dir() / "aot"
 
 
 def library_paths(key: str) -> tuple[Path, Path]:
@@ -303,16 +303,37 @@ def _install(key: str, meta: bytes) -> None:
 
 
 # ---------------------------------------------------------------- shipped object files
+def read_package(path: Path) -> tuple[dict, dict[str, bytes]]:
+    """The manifest and the other entries of the kernel package at ``path`` (empty where there
+    is none yet); OutputError naming it where it is not one (``prebuild --package`` reads it
+    before building, so that a bad one costs no build)."""
+    if not path.exists():
+        return {"format": FORMAT, "environments": [], "kernels": {}}, {}
+    try:
+        with zipfile.ZipFile(path) as z:
+            manifest = json.loads(z.read("manifest.json"))
+            if not isinstance(manifest, dict):
+                raise ValueError("its manifest.json is not an object")
+            envs, kernels = manifest.get("environments"), manifest.get("kernels")
+            if manifest.get("format") != FORMAT or not isinstance(envs, list) or not (
+                    isinstance(kernels, dict) and all(
+                        isinstance(k, dict) and isinstance(k.get("environment"), int)
+                        and 0 <= k["environment"] < len(envs) for k in kernels.values())):
+                raise ValueError(f"its manifest.json is not one of format {FORMAT} with "
+                                 f"environments and kernels")
+            return manifest, {n: z.read(n) for n in z.namelist() if n != "manifest.json"}
+    except (OSError, zipfile.BadZipFile, KeyError, TypeError, ValueError) as e:
+        raise OutputError(f"kernel package {path} is not a cutetune kernel package "
+                          f"({type(e).__name__}: {e}); move it away or give another "
+                          f"--package") from None
+
+
 def write_package(path: Path, specs: list[dict]) -> None:
     """Put the built kernels of ``specs`` (object files and launch arguments) in the zip at
     ``path``, beside what it holds from other environments (this one's are replaced); its
     manifest lists each environment and each kernel's spec, from which its key follows."""
     env = build_environment()
-    manifest, entries = {"format": FORMAT, "environments": [], "kernels": {}}, {}
-    if path.exists():
-        with zipfile.ZipFile(path) as z:
-            manifest = json.loads(z.read("manifest.json"))
-            entries = {n: z.read(n) for n in z.namelist() if n != "manifest.json"}
+    manifest, entries = read_package(path)
     envs = [e for e in manifest["environments"] if e != env]
     kernels = {}
     for key, k in manifest["kernels"].items():

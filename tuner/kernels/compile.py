@@ -116,28 +116,11 @@ def kernel_object_path(problem: GemmProblem | GroupedProblem, config: KernelConf
     """Where quack's ``jit_cache`` keeps this kernel's object file: under ``cache_root`` (default:
     quack's cache root in this process), a folder per quack source fingerprint, a file per
     hash of the compile function's name and ``kernel_signature``."""
-    from pathlib import Path
-
     from quack.cache.jit import _compute_source_fingerprint, _key_to_hash, get_cache_path
 
     sha = _key_to_hash(("_compile_gemm",) + kernel_signature(problem, config))
     root = Path(cache_root) if cache_root else get_cache_path()
     return root / _compute_source_fingerprint() / f"{sha}.o"
-
-
-def cache_dir() -> Path:
-    """cutetune's cache folder: $CUTETUNE_CACHE, else cutetune under $XDG_CACHE_HOME or ~/.cache."""
-    base = os.environ.get("CUTETUNE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cutetune")
-    return Path(base)
-
-
-def kernel_cache_dir(explicit: str | None = None) -> str:
-    """quack's on-disk kernel cache for the tuner: ``explicit``, else $QUACK_CACHE_DIR, else
-    ``quack-kernels`` in cutetune's cache folder (``cache_dir``)."""
-    path = explicit or os.environ.get("QUACK_CACHE_DIR") or str(cache_dir() / "quack-kernels")
-    os.makedirs(path, exist_ok=True)
-    return path
 
 
 def configure_gpu_blind(arch: str, cache_dir: str | None = None) -> None:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ... import progress
+from ... import settings
+from ...artifacts import write_atomic
 from ...models import dataset
 from ...models.kinds import kind_of
 from ...space.config import KernelConfig
@@ -28,7 +30,6 @@ from ...space.problem import GemmProblem, GroupedProblem
 from ...space.suites import (GROUPED_SUITES, ROUTINGS, check_routings, grouped_suite,
                              routing_counts, suite)
 
-from ..kernels.compile import kernel_cache_dir
 from .executor import GpuExecutor, Measure, compile_task, measure_task
 from .timing import TimingPolicy, init_gpu_worker
 
@@ -45,10 +46,25 @@ def load_problems(spec: str, dtype: str, arch: str, seed: int
             items = json.loads(Path(spec).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"cannot read problems file {spec}: {e}") from e
-        return [(d.pop("suite", Path(spec).stem),
-                 (GroupedProblem if "experts" in d else GemmProblem)(
-                     **{"dtype": dtype, "out_dtype": dtype, "arch": arch, **d}))
-                for d in items]
+        if not isinstance(items, list) or not items:
+            raise ValueError(f"problems file {spec} must hold a non-empty list of problem "
+                             f"objects ({{\"m\": ..., \"n\": ..., \"k\": ...}}), got "
+                             f"{type(items).__name__}{' (empty)' if items == [] else ''}")
+        out = []
+        for i, d in enumerate(items):
+            try:
+                if not isinstance(d, dict):
+                    raise TypeError(f"an object of sizes, not a {type(d).__name__}")
+                d = dict(d)
+                name = d.pop("suite", Path(spec).stem)
+                if not isinstance(name, str):
+                    raise TypeError(f"its suite must be a name, got {name!r}")
+                out.append((name, (GroupedProblem if "experts" in d else GemmProblem)(
+                    **{"dtype": dtype, "out_dtype": dtype, "arch": arch, **d})))
+            except (TypeError, ValueError) as e:  # ProblemError is a ValueError
+                raise ValueError(f"problems file {spec}, item {i} ({items[i]!r:.80}): {e}"
+                                 ) from e
+        return out
     if spec.split("+")[0] in GROUPED_SUITES:
         return grouped_suite(spec, dtype, arch, seed)
     return suite(spec, dtype, arch, seed)
@@ -74,6 +90,20 @@ def _problem_hash(problem, seed: int) -> int:
     return int(hashlib.sha256(f"{seed}:{problem.key()}".encode()).hexdigest()[:8], 16)
 
 
+def check_configs_spec(spec: str) -> int | None:
+    """The count of a 'sample:N' spec (None for another spec); ValueError naming --configs
+    where N is not a count."""
+    if not spec.startswith("sample:"):
+        return None
+    try:
+        n = int(spec.split(":", 1)[1])
+    except ValueError as e:
+        raise ValueError(f"--configs sample:N needs a count N >= 1, got {spec!r} ({e})") from None
+    if n < 1:
+        raise ValueError(f"--configs sample:N needs a count N >= 1, got {spec!r}")
+    return n
+
+
 def configs_for(problem: GemmProblem, spec: str, seed: int) -> list[KernelConfig]:
     """'all', 'sample:N' (a per-problem seeded sample), or a JSON file of config objects."""
     valid = enumerate_configs(problem.arch, problem)
@@ -82,7 +112,7 @@ def configs_for(problem: GemmProblem, spec: str, seed: int) -> list[KernelConfig
     if spec.startswith("sample:"):
         import random
 
-        n = int(spec.split(":", 1)[1])
+        n = check_configs_spec(spec)
         h = _problem_hash(problem, seed)
         return valid if n >= len(valid) else random.Random(h).sample(valid, n)
     try:
@@ -175,7 +205,7 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
     run_id = uuid.uuid4().hex[:12]
     prog = Progress()
     pending = total
-    ex = GpuExecutor(arch, kernel_cache_dir(cache_dir), n_compile, policy,
+    ex = GpuExecutor(arch, settings.kernel_cache_dir(cache_dir), n_compile, policy,
                      depth=max(1, len(requests)), measure_fn=measure_fn, gpu_init=gpu_init,
                      compile_fn=compile_fn or compile_task)
     bar = progress.bar(total, "measure", unit="config", miniters=0)
@@ -216,6 +246,5 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
     print(prog.line(pending, ex), file=sys.stderr)
     print(json.dumps(stats, indent=1), file=sys.stderr)
     if stats_path:
-        Path(stats_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(stats_path).write_text(json.dumps(stats, indent=1))
+        write_atomic(stats_path, json.dumps(stats, indent=1), "stats file")
     return stats

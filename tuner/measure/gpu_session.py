@@ -12,7 +12,7 @@ import atexit
 from ...space.config import KernelConfig
 from ...space.problem import GemmProblem
 
-from ..kernels.compile import kernel_cache_dir
+from ... import settings
 from .timing import TimingPolicy
 
 _executors: dict[str, object] = {}
@@ -28,7 +28,8 @@ def _executor(arch: str):
     if arch not in _executors:
         from .executor import GpuExecutor
 
-        _executors[arch] = GpuExecutor(arch, kernel_cache_dir(), COMPILE_WORKERS, TimingPolicy())
+        _executors[arch] = GpuExecutor(arch, settings.kernel_cache_dir(), COMPILE_WORKERS,
+                                       TimingPolicy())
         atexit.register(_executors[arch].close)
     return _executors[arch]
 

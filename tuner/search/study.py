@@ -27,7 +27,7 @@ from optuna.trial import TrialState
 from ...space.config import KernelConfig
 from ...space.problem import GemmProblem
 
-from ..kernels.compile import cache_dir
+from ... import settings
 from .backends import BenchmarkBackend
 from .samplers import (ATTR_KEY, ATTR_STATUS, ATTR_TIME, ModelGuidedSampler,
     ProposingSampler, SpaceEncoding)
@@ -43,7 +43,7 @@ _MODEL_DEFAULTS = ModelGuidedSampler.__init__.__kwdefaults__
 
 
 def default_storage_url() -> str:
-    return f"journal:{cache_dir() / 'studies.journal'}"
+    return f"journal:{settings.cache_dir() / 'studies.journal'}"
 
 
 @dataclass(frozen=True)
