@@ -66,9 +66,27 @@ def append_row(path: str | os.PathLike, row: dict) -> None:
 
 def shapes_in(path: str | os.PathLike) -> set[tuple[int, int, int, str]]:
     """(m, n, k, majors) of every row already in a rows file (none if it does not exist):
-    the shapes a resumed sweep or retime skips."""
+    the shapes a resumed sweep or retime skips. A torn last line (a run killed in its write)
+    is cut off the file, so that the next append starts a whole line."""
     p = Path(path)
     if not p.exists():
         return set()
-    return {(r["m"], r["n"], r["k"], r["majors"])
-            for r in map(json.loads, filter(str.strip, p.read_text().splitlines()))}
+    raw = p.read_bytes()
+    lines = raw.split(b"\n")
+    if lines[-1].strip():  # a last row cut short by a killed run: dropped, measured again
+        try:
+            json.loads(lines[-1])
+            with open(p, "ab") as f:  # whole but unended: the next row starts a line
+                f.write(b"\n")
+        except ValueError:
+            with open(p, "r+b") as f:
+                f.truncate(len(raw) - len(lines[-1]))
+            lines = lines[:-1]
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError as e:
+                raise ValueError(f"{p}, line {i}: not a row ({e}); remove it to resume") from None
+    return {(r["m"], r["n"], r["k"], r["majors"]) for r in rows}

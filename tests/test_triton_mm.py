@@ -539,3 +539,24 @@ def test_retime_compiles_with_no_host_bound_limit(monkeypatch):
     monkeypatch.setattr(iu, "run_and_get_code", lambda f: (torch.mm, ["extern_kernels.mm("]))
     with pytest.raises(RuntimeError, match="does not run Triton config"):
         retime.compile_triton_mm(Z, a, a)
+
+
+def test_a_resumed_sweep_drops_a_torn_last_row_and_keeps_the_whole_ones(tmp_path):
+    """A run killed in its write leaves part of a row: the resume cuts it off (its shape is
+    measured again), so the next row starts a line; a bad row inside is named."""
+    from cutetune.models.triton_sweep import append_row, shapes_in
+
+    f = tmp_path / "rows.jsonl"
+    rows = [{"m": m, "n": 64, "k": 32, "majors": "kk", "choices": []} for m in (1, 2, 3)]
+    append_row(f, rows[0])
+    append_row(f, rows[1])
+    whole = f.read_bytes()
+    f.write_bytes(whole + b'{"m": 3, "n": 6')
+    assert shapes_in(f) == {(1, 64, 32, "kk"), (2, 64, 32, "kk")} and f.read_bytes() == whole
+    append_row(f, rows[2])
+    assert len(shapes_in(f)) == 3
+    f.write_bytes(whole.rstrip(b"\n"))  # whole, but unended
+    assert len(shapes_in(f)) == 2 and f.read_bytes() == whole
+    f.write_bytes(b"garbage\n" + whole)
+    with pytest.raises(ValueError, match=f"{f}, line 1: not a row"):
+        shapes_in(f)
