@@ -29,6 +29,7 @@ from cutetune.space.config import KernelConfig, quack_default_config
 from cutetune.space.problem import GemmProblem, ProblemError
 from cutetune.models import heuristics as hz
 from cutetune.tuner.inductor import choices as ich, decisions as idec, feedback as ifb, install as iin
+from cutetune.errors import OutputError
 from cutetune.tuner.kernels import problems
 from cutetune.models import triton_mm as tmm
 from cutetune.tuner.kernels import aot, launcher, helper as prefetch, quack_gemm
@@ -951,6 +952,12 @@ def test_feedback_saver_added_and_removed(tmp_path):
     with iin.enable("reduced", model=FakeHeuristics(), feedback=tmp_path / "fb") as inst:
         assert savers[-1] is inst.feedback and len(savers) == n + 1
     assert len(sa.get_algorithm_selector_cache().feedback_saver_fns) == n
+    (tmp_path / "file").write_text("x")  # named at enable, not at Inductor's first benchmark
+    prev = inductor_config.inductor_choices_class
+    with pytest.raises(OutputError, match=f"feedback dataset folder {tmp_path / 'file'} is a "
+                                          "file; give a folder"):
+        iin.enable("reduced", model=FakeHeuristics(), feedback=tmp_path / "file")
+    assert len(savers) == n and inductor_config.inductor_choices_class is prev
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

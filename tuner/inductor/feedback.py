@@ -9,12 +9,12 @@ import math
 import os
 import time
 import uuid as uuidlib
-from pathlib import Path
 
 from torch._inductor.select_algorithm import (
     ExternKernelCaller,
 )
 
+from ...artifacts import check_writable_dir
 from ...space.problem import GemmProblem, ProblemError
 
 from ...artifacts import environment
@@ -39,7 +39,8 @@ class FeedbackRecorder:
     --triton-sweep``. Timings the autotune cache replays unchanged are not appended twice."""
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
+        # a folder it can write, checked at ``enable``: not at Inductor's first benchmark
+        self.path = check_writable_dir(path, "feedback dataset folder")
         self.run_id = uuidlib.uuid4().hex[:12]
         self._seen: set[tuple] | None = None
         self._triton_seen: set[tuple] | None = None
