@@ -140,6 +140,17 @@ def quack_autotune_method() -> Method:
                        for r in _slices(data)]))
 
 
+def missing_baseline_packages(kind: ProblemKind = DENSE) -> list[str]:
+    """The pip packages (the "baselines" extra) that ``baseline_methods`` of ``kind`` need and
+    this environment lacks, so that training refuses before its minutes, not in them."""
+    import importlib.util
+
+    needed = {"sklearn": "scikit-learn"}
+    if kind is DENSE:
+        needed["nvMatmulHeuristics"] = "nvidia-matmul-heuristics"
+    return [pip for module, pip in needed.items() if importlib.util.find_spec(module) is None]
+
+
 def baseline_methods(arch: str, seed: int = 0, n_estimators: int = 300,
                      n_threads: int = 1, kind: ProblemKind = DENSE) -> list[Method]:
     """The baselines of problems of ``kind``. nvMatmulHeuristics and quack's autotune list

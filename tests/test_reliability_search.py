@@ -429,3 +429,19 @@ def test_a_misspelt_routing_or_layout_is_named_before_the_gpu_check(capsys, no_g
     for argv, words in ((["--routings", "balancd"], "balancd"), (["--layouts", "kx"], "kx")):
         line = _one_line(capsys, main(["collect", *argv]), "collect")
         assert words in line and "no CUDA GPU" not in line, line
+
+
+def test_training_without_the_baselines_packages_is_refused_before_it_starts(
+        capsys, tmp_path, monkeypatch):
+    """scikit-learn and nvMatmulHeuristics are the "baselines" extra: missing, training
+    refuses at once (it failed minutes in), and --no-baselines does without them."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in (
+        "sklearn", "nvMatmulHeuristics") else real(name, *a))
+    argv = ["train", "data/inputs/h200_bf16", "--out", str(tmp_path / "m.json")]
+    line = _one_line(capsys, main(argv), "train")
+    assert line.endswith('the baselines need scikit-learn, nvidia-matmul-heuristics: pip install '
+                         '-e ".[baselines]", or train with --no-baselines'), line
+    assert not (tmp_path / "m.json").exists()

@@ -9,11 +9,13 @@ import os
 from pathlib import Path
 
 from ..artifacts import check_writable, check_writable_dir
+from ..errors import UserError
 from ..models.artifact import CostModel
 from ..models.data import dataset_sha256, load_measurements
 from ..models.dataset import DatasetError
 from ..models.fallback import OBJECTIVES
 from ..models.kinds import KINDS
+from ..models.methods import missing_baseline_packages
 from ..models.train import KIND_DEFAULTS, Evaluation, TrainOptions, train
 from .options import at_least
 
@@ -32,6 +34,10 @@ def run(dataset: str | os.PathLike, out: str | os.PathLike, report_dir: str | os
     data = load_measurements(dataset, kind)
     if dataset_sha256(dataset) != digest:
         raise DatasetError(f"dataset {dataset} changed while it was read; run again")
+    missing = missing_baseline_packages(data.kind) if options.baselines else []
+    if missing:
+        raise UserError(f"the baselines need {', '.join(missing)}: pip install -e "
+                        f"\".[baselines]\", or train with --no-baselines")
     model, ev = train(data, options)
     model.metadata["trained_on"]["dataset"] = str(dataset)
     model.metadata["trained_on"]["sha256"] = digest
