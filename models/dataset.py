@@ -148,15 +148,19 @@ def _write_part(folder: Path, index: int, table: pa.Table, **options) -> Path:
     return write_atomic(folder / f"part-{index:06d}-{digest}.parquet", raw, "dataset part")
 
 
-def _check_digest(part: Path) -> None:
-    """A part named with its digest must still have it (parts written before digests, named
-    by a random id of 8 characters, are not checked until ``compact`` rewrites them)."""
+def _checked_source(part: Path) -> Path | pa.Buffer:
+    """What to read ``part`` from: a part named with its digest must still have it, and is
+    then read from the bytes checked (read once); parts written before digests, named by a
+    random id of 8 characters, are not checked until ``compact`` rewrites them."""
     named = part.stem.rsplit("-", 1)[-1]
-    if re.fullmatch(f"[0-9a-f]{{{DIGEST_CHARS}}}", named) and hashlib.sha256(
-            part.read_bytes()).hexdigest()[:DIGEST_CHARS] != named:
+    if not re.fullmatch(f"[0-9a-f]{{{DIGEST_CHARS}}}", named):
+        return part
+    raw = part.read_bytes()
+    if hashlib.sha256(raw).hexdigest()[:DIGEST_CHARS] != named:
         raise DatasetError(f"corrupt dataset part {part}: its bytes no longer match the "
                            f"digest in its name (a damaged file); move it away and run the "
                            f"same collect again, which measures its rows anew")
+    return pa.py_buffer(raw)
 
 
 def parts(path: str | os.PathLike) -> list[Path]:
@@ -175,12 +179,12 @@ def load(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
         raise DatasetError(f"no dataset parts (part-*.parquet) under {path}")
     tables = []
     for f in files:
-        _check_digest(f)
+        source = _checked_source(f)
         try:  # the asked columns the part has, and its version (an older one lacks some)
-            held = pq.read_schema(f).names
+            held = pq.read_schema(source).names
             asked = None if columns is None else [
                 c for c in dict.fromkeys([*columns, "schema_version"]) if c in held]
-            t = pq.read_table(f, columns=asked)
+            t = pq.read_table(source, columns=asked)
         except Exception as e:  # pyarrow raises several types for damaged files
             raise DatasetError(f"corrupt dataset part {f}: {e}") from e
         versions = (set(t.column("schema_version").to_pylist())

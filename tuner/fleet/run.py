@@ -122,7 +122,6 @@ def run_pinned(fn, args) -> int:
 
 
 def default_storage() -> str:
-
     path = settings.cache_dir() / "fleet.sqlite"
     path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"

@@ -14,10 +14,9 @@ from torch._inductor.select_algorithm import (
     ExternKernelCaller,
 )
 
-from ...artifacts import check_writable_dir
 from ...space.problem import GemmProblem, ProblemError
 
-from ...artifacts import environment
+from ...artifacts import check_writable_dir, environment
 from ...models.triton_sweep import append_row, sweep_row
 from ..kernels import launcher, problems
 from ..kernels.problems import as_config

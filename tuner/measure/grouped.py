@@ -51,16 +51,19 @@ class GroupedBuffers:
         offs = torch.tensor(self.counts, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
         cu = torch.cat([torch.zeros(1, dtype=torch.int32, device="cuda"), offs])
         self.sets = [(a_all[i], b_all[i], d_all[i], cu, offs) for i in range(n)]
-        self.ref = self._reference(*self.sets[0][:2])
-        self.ref_norm = torch.linalg.vector_norm(self.ref)
+        self._aim(*self.sets[0][:2])
 
     def gather_rows(self, idx) -> None:
         """Check launches against a GEMM whose row i is row ``idx[i]`` of ``a`` (varlen M): a
         kernel that gathers A's rows (quack's ``A_idx``), or a copy ``a[idx]`` before it."""
+        a, b = self.sets[0][:2]
+        self._aim(a[idx.long()], b)
+
+    def _aim(self, a, b) -> None:
+        """Launches are checked against ``a @ b`` by expert, in fp32 (``ref``, ``ref_norm``)."""
         import torch
 
-        a, b = self.sets[0][:2]
-        self.ref = self._reference(a[idx.long()], b)
+        self.ref = self._reference(a, b)
         self.ref_norm = torch.linalg.vector_norm(self.ref)
 
     def _reference(self, a, b):
