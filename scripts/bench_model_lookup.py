@@ -1,8 +1,10 @@
 """What asking the packaged cost model at compile time costs predicted mode on this CPU
 (``models.heuristics.PackagedHeuristics``): once per process, the first lookup of a shape the
 file has no exact entry for (xgboost's import, the model's load, the config table), against the
-file's grid alone; then per GEMM node, a lookup (the top-8 ranking and the fallback's verdict)
-of a shape not asked before; and per dynamic-M node, its by-M table (one lookup per rung).
+file's grid alone, and the same where scikit-learn is not installed (its import blocked:
+xgboost imports it where it is); then per GEMM node, a lookup (the top-8 ranking and the
+fallback's verdict) of a shape not asked before; and per dynamic-M node, its by-M table (one
+lookup per rung).
 
     python scripts/bench_model_lookup.py [--runs 20] [--out data/bench/model_lookup_cpu.json]
 """
@@ -27,6 +29,7 @@ from cutetune.tuner.inductor.decisions import by_m_table
 
 FIRST = """
 import time, sys
+{block}
 from cutetune.models.heuristics import PackagedHeuristics
 from cutetune.space import GemmProblem
 t = time.perf_counter()
@@ -35,11 +38,11 @@ print(time.perf_counter() - t)
 """
 
 
-def first_lookup_s(models: bool, runs: int) -> float:
+def first_lookup_s(models: bool, runs: int, sklearn: bool = True) -> float:
     """Median over fresh processes of the first lookup, the file's load included."""
-    times = [float(subprocess.run([sys.executable, "-c", FIRST.format(models=models)],
-                                  check=True, capture_output=True, text=True).stdout)
-             for _ in range(runs)]
+    code = FIRST.format(models=models, block="" if sklearn else "sys.modules['sklearn'] = None")
+    times = [float(subprocess.run([sys.executable, "-c", code], check=True,
+                                  capture_output=True, text=True).stdout) for _ in range(runs)]
     return statistics.median(times)
 
 
@@ -69,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                                          ModelHeuristics(model), 0.0), max(args.runs // 4, 3))
     result = {
         "what": "predicted mode's compile-time cost of asking the packaged cost model",
-        "first_lookup_s": {"model": first_lookup_s(True, 5), "file_grid": first_lookup_s(False, 5)},
+        "first_lookup_s": {"model": first_lookup_s(True, 5), "file_grid": first_lookup_s(False, 5),
+                           "model_without_sklearn": first_lookup_s(True, 5, sklearn=False)},
         "lookup_ms": cases, "worst_lookup_ms": max(c["lookup_ms"] for c in cases),
         "by_m_table_ms": {"problem": "M x 14336 x 4096, 16 rungs", "median_ms": rungs},
         "cpu": cpu_name(), "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
