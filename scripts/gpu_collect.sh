@@ -21,6 +21,9 @@
 #                  had one drawn routing): a sample of 48 configs
 #                  (grouped: -> the dataset h200_bf16_grouped, resumed from the committed one;
 #                  scripts/grouped_plan.py splits)
+#   moe_large      the MoE models' expert GEMMs above the moe suite's FLOP cap (to 65536
+#                  tokens), cheapest first: a sample of 24 configs, for up to $MOE_LARGE_S
+#                  (default: the call) seconds
 #   grouped_mm_tests  cutetune.grouped_mm's GPU tests and the harness's -> $OUT/gpu_tests_grouped_mm.log
 #   moe_bench      scripts/bench_moe.py run: the MoE block in every mode, then its GEMMs
 #                  -> $OUT/moe_block_h200.json (and .png where matplotlib is), $OUT/moe_gemms_h200.json
@@ -96,6 +99,11 @@ for stage in "$@"; do
     grouped_grads)
       grouped exhaustive_dgrad.json sample:32 "$(( $(left 30) / 2 ))" dgrad_cheap
       grouped exhaustive_wgrad.json sample:32 "$(left 30)" wgrad_cheap ;;
+    moe_large)
+      [ -d "$ROOT/h200_bf16_grouped" ] || cp -r data/inputs/h200_bf16_grouped "$ROOT/"
+      python -m cutetune collect --problems moe_large --configs sample:24 \
+        --out "$ROOT/h200_bf16_grouped" --time-budget "${MOE_LARGE_S:-$(left 30)}" \
+        --stats "$OUT/collect_moe_large_stats.json" 2>&1 | tail -n 4 ;;
     grouped_mm_tests)
       python -m pytest -m gpu tests/test_grouped_mm_gpu.py tests/test_grouped_gpu.py -q -p no:cacheprovider 2>&1 \
         | tee "$OUT/gpu_tests_grouped_mm.log" | tail -n 25 ;;

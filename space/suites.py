@@ -296,8 +296,19 @@ def random_grouped_problems(count: int, seed: int = 0, dtype: str = "bf16", arch
     return out
 
 
+def moe_large_problems(dtype: str = "bf16", arch: str = "sm90") -> list[tuple[str, GroupedProblem]]:
+    """The MoE models' expert GEMMs that ``moe_problems`` leaves out (above MAX_SUITE_FLOPS, to
+    65536 tokens), cheapest first. Without them the model extrapolates to a big model's
+    training-sized steps, and its fallback, unsure there, runs torch._grouped_mm."""
+    small = {p.key() for _, p in moe_problems(dtype, arch)}
+    large = [(name, p) for name, p in moe_problems(dtype, arch, max_flops=2**45)
+             if p.key() not in small]
+    return sorted(large, key=lambda item: item[1].flops)
+
+
 GROUPED_SUITES = {
     "moe": lambda dtype, arch, seed: moe_problems(dtype, arch),
+    "moe_large": lambda dtype, arch, seed: moe_large_problems(dtype, arch),
     "moe_random": lambda dtype, arch, seed: random_grouped_problems(120, seed, dtype, arch),
 }
 

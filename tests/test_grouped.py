@@ -261,11 +261,23 @@ def test_random_grouped_problems_seeded_in_range():
     assert {p.gemm for _, p in a} == set(GROUPED_GEMMS)
 
 
+def test_moe_large_is_what_moe_leaves_out_cheapest_first():
+    large = grouped_suite("moe_large")
+    small = {p.key() for _, p in moe_problems()}
+    assert large and not small & {p.key() for _, p in large}
+    assert all(2**41 < p.flops <= 2**45 for _, p in large)
+    assert [p.flops for _, p in large] == sorted(p.flops for _, p in large)
+    dsv3 = {p for m, p in large if m == "deepseek_v3"}  # the MoE benchmark's biggest GEMMs
+    assert {GroupedProblem(256, 8192 * 8, 4096, 7168),
+            GroupedProblem(256, 7168, 2048, 32768 * 8, gemm="wgrad")} <= dsv3
+
+
 def test_grouped_suite_names():
     both = grouped_suite("moe+moe_random", seed=1)
     assert len(both) == len(moe_problems()) + 120
     assert all(isinstance(p, GroupedProblem) for _, p in both)
-    with pytest.raises(ValueError, match="unknown problem suite 'llm'.*moe, moe_random"):
+    with pytest.raises(ValueError,
+                       match="unknown problem suite 'llm'.*moe, moe_large, moe_random"):
         grouped_suite("llm")
 
 

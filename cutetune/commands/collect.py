@@ -17,7 +17,7 @@ def register(sub) -> None:
     p = sub.add_parser("collect", help="measure problems x configs on the GPU into a dataset",
                        description=DOC)
     p.add_argument("--problems", default="train",
-                   help="suite (llm, random, train, exhaustive, bmm, moe, moe_random; 'a+b' "
+                   help="suite (llm, random, train, exhaustive, bmm, moe, moe_large, moe_random; 'a+b' "
                         "joins) or a JSON file")
     p.add_argument("--configs", default="sample:150",
                    help="'all' valid configs, 'sample:N' per problem, or a JSON file of configs")
