@@ -15,7 +15,8 @@ process (so that host speed, which differs between processes, does not differ be
                  of predicted against predicted-gputime, reduced against reduced-gputime.
 
 Timed by CUDA events over batches of calls, the batches of all rounds pooled: median, p20,
-p80 in us per step. Inductor's FX-graph and AOTAutograd caches are off, so that no mode loads
+p80 in us per step. Then each mode's step is profiled apart (``benchlib.gpu_kernels``): the
+GPU's busy time, kernels per step and the top kernels, which say where two modes differ. Inductor's FX-graph and AOTAutograd caches are off, so that no mode loads
 another's code (predicted and predicted-gputime share a cache key); its autotune cache stays,
 so max-autotune's second compile reuses its benchmark. The result file is rewritten after
 each M with what is done; an M that the --budget-s cannot cover is recorded as skipped.
@@ -36,12 +37,14 @@ import json
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from benchlib import (HIDDEN, INTER, KV, LIMITS, compiled_step, kernel_counts, limit_check,
-                      mode_installation, run_and_capture_code, time_calls, wait_for_helpers)
+from benchlib import (HIDDEN, INTER, KV, LIMITS, compiled_step, gpu_kernels, kernel_counts,
+                      limit_check, mode_installation, run_and_capture_code, time_calls,
+                      wait_for_helpers)
 
 MS = (1, 16, 128, 256, 4, 64)  # spread first: a budget cut leaves the range covered
 MODES = ("default", "max-autotune", "predicted", "reduced")
@@ -135,6 +138,8 @@ def measure_m(torch, m: int, layers: int, rounds: int) -> dict:
                     counters["stats"]["unique_graphs"] - before)
         for group, by_mode in fns.items():
             row[group] = step_stats(_interleaved(torch, by_mode, x, rounds))
+        row["gpu"] = {f"{group}/{mode}": gpu_kernels(torch, partial(fn, x), top=20)
+                      for group, by_mode in fns.items() for mode, fn in by_mode.items()}
     return row
 
 

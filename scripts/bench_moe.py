@@ -59,7 +59,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from benchlib import save_png
+from benchlib import gpu_kernels, save_png
 from cutetune.space.suites import (MOE_MODELS, ROUTINGS, expert_gemm, expert_projections,
                                    routing_counts)
 
@@ -413,27 +413,6 @@ def block(args) -> dict:
     if installation is not None:
         installation.disable()
     return result
-
-
-def gpu_kernels(torch, step, steps: int = 5, top: int = 12) -> dict:
-    """The GPU's kernel time per step (``busy_ms``; the step time less it is the GPU idle,
-    waiting on the host) and the ``top`` kernels by time, from torch's profiler over
-    ``steps`` steps run apart from the timed ones; ``error`` where it recorded none."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    cuda = torch.autograd.DeviceType.CUDA  # kernels, copies, memsets: no op counts them twice
-    kernels = sorted(((k.key, k.device_time_total / steps / 1e3, k.count / steps)
-                      for k in prof.key_averages() if k.device_type == cuda),
-                     key=lambda r: -r[1])
-    if not kernels:  # a host whose profiler may not read the GPU (CUPTI) records nothing
-        return {"error": "the profiler recorded no GPU activity"}
-    return {"busy_ms": sum(ms for _, ms, _ in kernels),
-            "kernels": [{"name": name[:120], "ms": ms, "per_step": n}
-                        for name, ms, n in kernels[:top]]}
 
 
 def routing_spread(torch, module, layer, x) -> dict:

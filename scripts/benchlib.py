@@ -242,6 +242,32 @@ def interleaved(torch, fns: dict, x, rounds: int) -> dict:
     return timed
 
 
+def gpu_kernels(torch, step, steps: int = 5, top: int = 12) -> dict:
+    """The GPU's kernel time per step (``busy_ms``; the step time less it is the GPU idle,
+    waiting on the host), its kernels per step, and the ``top`` kernels by time, from torch's
+    profiler over ``steps`` steps run apart from the timed ones; ``error`` where it recorded
+    none or failed (a record, not a crash: the timed results stand without it)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
+        events = prof.key_averages()
+    except RuntimeError as e:
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    cuda = torch.autograd.DeviceType.CUDA  # kernels, copies, memsets: no op counts them twice
+    kernels = sorted(((k.key, k.device_time_total / steps / 1e3, k.count / steps)
+                      for k in events if k.device_type == cuda), key=lambda r: -r[1])
+    if not kernels:  # a host whose profiler may not read the GPU (CUPTI) records nothing
+        return {"error": "the profiler recorded no GPU activity"}
+    return {"busy_ms": sum(ms for _, ms, _ in kernels),
+            "kernels_per_step": sum(n for _, _, n in kernels),
+            "kernels": [{"name": name[:120], "ms": ms, "per_step": n}
+                        for name, ms, n in kernels[:top]]}
+
+
 def run_and_capture_code(fn, x):
     """``fn(x)`` and the output code Inductor generates meanwhile. Not Inductor's
     ``run_and_get_code``: it resets Dynamo, which throws away the modes compiled before, so
