@@ -17,8 +17,9 @@ process (so that host speed, which differs between processes, does not differ be
 Timed by CUDA events over batches of calls, the batches of all rounds pooled: median, p20,
 p80 in us per step. Then each mode's step is profiled apart (``benchlib.gpu_kernels``): the
 GPU's busy time, kernels per step and the top kernels, which say where two modes differ.
-Inductor's FX-graph and AOTAutograd caches are off, so that no mode loads another's code (predicted and predicted-gputime share a cache key); its autotune cache stays,
-so max-autotune's second compile reuses its benchmark. The result file is rewritten after
+Inductor's FX-graph and AOTAutograd caches are off, so that no mode loads another's code
+(predicted and predicted-gputime share a cache key); its autotune cache stays, so
+max-autotune's second compile reuses its benchmark. The result file is rewritten after
 each M with what is done; an M that the --budget-s cannot cover is recorded as skipped.
 
   python scripts/bench_cudagraphs.py --out data/bench/cudagraphs_small_m_h200.json
