@@ -300,14 +300,3 @@ def test_a_version_1_dataset_part_reads_with_the_grouped_columns_null(tmp_path):
     assert dataset.done_keys(tmp_path) == {dataset.measurement_key("p", "cublas")}
     assert dataset.load(tmp_path, columns=["problem_key", "expert_counts"]).column_names == [
         "problem_key", "expert_counts"]
-
-
-def test_rotation_sets_keep_launches_l2_cold_without_doubling_huge_operands():
-    from cutetune.tuner.measure.timing import L2_MULTIPLE, rotation_sets
-
-    l2 = 50 << 20
-    assert rotation_sets(1 << 10, l2, 4096) == 4096  # tiny problems: capped
-    assert rotation_sets(l2, l2, 64) == L2_MULTIPLE
-    assert rotation_sets(2 * l2, l2, 64) == 2  # a round must still touch 3x the L2
-    assert rotation_sets(L2_MULTIPLE * l2, l2, 64) == 1  # one set is cold by itself
-    assert rotation_sets(30 << 30, l2, 64) == 1  # DeepSeek-V3's weight gradient's outputs

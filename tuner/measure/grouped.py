@@ -8,10 +8,12 @@ suite's routing) changes the time, so every row records the split it was measure
 
 from __future__ import annotations
 
+import math
+
 from ...models.dataset import routing_text
 from ...models.kinds import GROUPED
 
-from .timing import MeasureTask, _STATE, _row, rotation_sets, timed_outcome
+from .timing import L2_MULTIPLE, MeasureTask, _STATE, _row, timed_outcome
 
 ATEN_BACKEND = GROUPED.baseline_backend  # torch._grouped_mm's row in the dataset
 MAX_SETS = 64
@@ -31,7 +33,7 @@ class GroupedBuffers:
         p, e = problem, problem.experts
         dt = {"bf16": torch.bfloat16, "fp16": torch.float16}
         ab, od = dt[p.dtype], dt[p.out_dtype]
-        self.n_sets = rotation_sets(p.min_bytes, l2_bytes, MAX_SETS)
+        self.n_sets = max(2, min(MAX_SETS, math.ceil(L2_MULTIPLE * l2_bytes / p.min_bytes)))
         g = torch.Generator(device="cuda").manual_seed(seed)
         n = self.n_sets
 

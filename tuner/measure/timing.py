@@ -30,15 +30,6 @@ REL_ERR_BOUND = {"bf16": 2e-2, "fp16": 5e-3}
 L2_MULTIPLE = 3
 
 
-def rotation_sets(set_bytes: int, l2_bytes: int, most: int) -> int:
-    """How many operand sets a launch rotates through, so that a round of them touches
-    ``L2_MULTIPLE`` x the L2 and each launch finds its operands evicted: at least two, unless
-    one set alone is that big (then a second only doubles the memory; two sets of DeepSeek-V3's
-    weight gradient outputs ran the H200 out of memory); at most ``most``."""
-    need = math.ceil(L2_MULTIPLE * l2_bytes / set_bytes)
-    return max(1 if need <= 1 else 2, min(most, need))
-
-
 @dataclass(frozen=True)
 class TimingPolicy:
     warmup: int = 3
@@ -119,7 +110,7 @@ class ProblemBuffers:
         p = problem
         lead = (p.batch,) if p.batch > 1 else ()
         per_set = p.min_bytes + (p.batch * p.m * p.n * DTYPE_BYTES[p.out_dtype] if gated else 0)
-        self.n_sets = rotation_sets(per_set, l2_bytes, 4096)
+        self.n_sets = max(2, min(4096, math.ceil(L2_MULTIPLE * l2_bytes / per_set)))
         g = torch.Generator(device="cuda").manual_seed(seed)
         ab = dt[p.dtype]
         # One allocation per operand for all sets (thousands of sets for tiny problems).
