@@ -23,11 +23,13 @@ max-autotune's second compile reuses its benchmark. The result file is rewritten
 each M with what is done; an M that the --budget-s cannot cover is recorded as skipped.
 
   python scripts/bench_cudagraphs.py --out data/bench/cudagraphs_small_m_h200.json
-      [--ms 1 16 128 256 4 64] [--layers 2] [--rounds 10] [--budget-s 470] [--resume FILE]
+      [--ms 1 16 128 256 4 64] [--layers 2] [--rounds 10] [--budget-s 470] [--resume FILE...]
   python scripts/bench_cudagraphs.py --plan      # what would run, no GPU
+  python scripts/bench_cudagraphs.py --merge-only --resume FILE... --out FILE   # no GPU
 
-``--resume FILE`` keeps the Ms that an earlier call's result file timed completely and runs the
-rest, so that one grid can span calls on the GPU host.
+``--resume`` keeps the Ms that earlier calls' result files timed completely and runs the rest,
+so that one grid can span calls on the GPU host; ``--merge-only`` runs none and writes the
+files' Ms as one result.
 """
 
 from __future__ import annotations
@@ -233,17 +235,19 @@ def plan(elapsed_s: float, budget_s: float, seen_s: list[float]) -> tuple[bool, 
     return need <= left, f"~{need:.0f} s needed, {max(left, 0):.0f} s left"
 
 
-def resumed(path: Path | None) -> tuple[list[dict], dict | None]:
-    """The Ms an earlier result file timed completely (kept, not rerun: each M's modes were
-    compared in one process, so Ms from two processes sit side by side), and its meta."""
-    if path is None:
-        return [], None
-    try:
-        earlier = json.loads(path.read_text())
-        kept = [r for r in earlier["per_m"] if r.get("status") == "ok"]
-        return kept, earlier["meta"]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise SystemExit(f"--resume {path}: not a bench_cudagraphs.py result file ({e})")
+def resumed(paths: list[Path] | None) -> tuple[list[dict], list[dict]]:
+    """The Ms earlier result files timed completely (kept, not rerun: each M's modes were
+    compared in one process, so Ms from two processes sit side by side; a later file's M
+    replaces an earlier's), and their metas."""
+    kept, metas = {}, []
+    for path in paths or ():
+        try:
+            earlier = json.loads(path.read_text())
+            kept.update((r["m"], r) for r in earlier["per_m"] if r.get("status") == "ok")
+            metas.append(earlier["meta"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise SystemExit(f"--resume {path}: not a bench_cudagraphs.py result file ({e})")
+    return list(kept.values()), metas
 
 
 def main(argv=None) -> int:
@@ -254,16 +258,27 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--budget-s", type=float, default=470.0,
                     help="start no M whose expected time would cross this")
-    ap.add_argument("--resume", type=Path,
-                    help="an earlier run's result file: its completed Ms are kept, not rerun")
+    ap.add_argument("--resume", type=Path, nargs="+",
+                    help="earlier runs' result files: their completed Ms are kept, not rerun")
     ap.add_argument("--plan", action="store_true", help="print what would run; no GPU")
+    ap.add_argument("--merge-only", action="store_true",
+                    help="write the --resume files' Ms as one result, the rest of --ms as not "
+                         "run; no GPU")
     args = ap.parse_args(argv)
-    measured, earlier_meta = resumed(args.resume)
+    measured, earlier_metas = resumed(args.resume)
     done = {r["m"] for r in measured}
     if args.plan:
         print(json.dumps({"ms": [m for m in args.ms if m not in done], "kept": sorted(done),
                           "layers": args.layers, "rounds": args.rounds,
                           "groups": groups(), "budget_s": args.budget_s}, indent=1))
+        return 0
+    if args.merge_only:
+        measured += [{"m": m, "status": "skipped", "reason": "not run: merged without a GPU"}
+                     for m in args.ms if m not in done]
+        meta = {"argv": sys.argv[1:] if argv is None else argv, "merged": earlier_metas}
+        res = _write(args, meta, measured, time.perf_counter(), done)
+        print(json.dumps({"targets": res["targets"],
+                          "host_cost_machinery": res["host_cost_machinery"]}, indent=1))
         return 0
     started = time.perf_counter()
     import torch
@@ -284,9 +299,9 @@ def main(argv=None) -> int:
                       "'reduce-overhead'); max-autotune as mode='max-autotune'",
                       "no_cudagraphs": "max-autotune: max_autotune, GEMM backends ATEN,TRITON; "
                       "-gputime: QUACK_LAUNCH_HOST_US 0"}}
-    if earlier_meta is not None:
-        meta["resumed"] = {"from": str(args.resume), "kept_ms": sorted(done),
-                           "meta": earlier_meta}
+    if earlier_metas:
+        meta["resumed"] = {"from": [str(p) for p in args.resume], "kept_ms": sorted(done),
+                           "metas": earlier_metas}
     seen = []
     for m in (m for m in args.ms if m not in done):
         fits, why = plan(time.perf_counter() - started, args.budget_s, seen)

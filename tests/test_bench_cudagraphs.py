@@ -107,14 +107,31 @@ def test_resume_keeps_the_completed_ms_and_runs_the_rest(tmp_path, capsys):
         {"m": 16, "status": "skipped", "reason": "budget"}])
     path = tmp_path / "earlier.json"
     path.write_text(json.dumps(earlier))
-    kept, meta = bench.resumed(path)
-    assert [r["m"] for r in kept] == [1] and meta == {"argv": ["--ms", "1", "16"]}
+    kept, metas = bench.resumed([path])
+    assert [r["m"] for r in kept] == [1] and metas == [{"argv": ["--ms", "1", "16"]}]
     assert bench.main(["--plan", "--resume", str(path), "--ms", "1", "16", "4"]) == 0
     assert json.loads(capsys.readouterr().out)["ms"] == [16, 4]
-    assert bench.resumed(None) == ([], None)
+    assert bench.resumed(None) == ([], [])
     path.write_text('{"meta": {}}')
     with pytest.raises(SystemExit, match="not a bench_cudagraphs.py result file"):
-        bench.resumed(path)
+        bench.resumed([path])
+
+
+def test_merge_only_joins_calls_without_a_gpu_the_later_file_winning(tmp_path, capsys):
+    first, second, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "all.json"
+    first.write_text(json.dumps(bench.report({"call": 1}, [
+        measured(1, {"default": 300.0, "max-autotune": 280.0, "predicted": 290.0}, {}),
+        measured(16, {"default": 200.0, "max-autotune": 210.0, "predicted": 199.0}, {})])))
+    second.write_text(json.dumps(bench.report({"call": 2}, [
+        measured(1, {"default": 300.0, "max-autotune": 280.0, "predicted": 281.0}, {})])))
+    assert bench.main(["--merge-only", "--resume", str(first), str(second), "--ms", "1", "16",
+                       "4", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [(r["m"], r["status"]) for r in res["cudagraphs"]] == [(1, "ok"), (4, "skipped"),
+                                                                  (16, "ok")]
+    assert res["cudagraphs"][0]["ratio_predicted_over_best"] == round(281.0 / 280.0, 4)
+    assert res["meta"]["merged"] == [{"call": 1}, {"call": 2}] and not res["meta"]["complete"]
+    assert res["targets"]["predicted_step_over_best_ratio"]["checked"] == 2
 
 
 def test_gputime_variants_compile_with_the_host_cost_rules_off():

@@ -158,7 +158,10 @@ def time_launches(fn, buf: ProblemBuffers, policy: TimingPolicy) -> tuple[list[f
     d.fill_(float("nan"))
     res = fn(*buf.sets[0])
     got = d if res is None else res
-    err = torch.linalg.vector_norm(got.float() - buf.ref) / buf.ref_norm
+    # bf16 - fp32 promotes as it subtracts: no fp32 copy of the output beside the difference
+    # (for DeepSeek-V3's weight gradients each is 28 GiB: with it the H200 ran out of memory)
+    err = torch.linalg.vector_norm(got - buf.ref) / buf.ref_norm
+    del res, got  # a returned output is not kept while the timed launches allocate theirs
     # Warm-up doubles as the estimate of kernel time (sets the repeats) and of host launch
     # time (sets how long the GPU sleeps while the host enqueues the timed launches).
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
