@@ -45,9 +45,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchlib import (HIDDEN, INTER, KV, LIMITS, compiled_step, gpu_kernels, kernel_counts,
-                      limit_check, mode_installation, run_and_capture_code, time_calls,
-                      wait_for_helpers)
+from benchlib import (HIDDEN, INTER, KV, LIMITS, compiled_step, gpu_kernels, interleaved,
+                      kernel_counts, limit_check, mode_installation, run_and_capture_code,
+                      time_calls, wait_for_helpers)
 
 MS = (1, 16, 128, 256, 4, 64)  # spread first: a budget cut leaves the range covered
 MODES = ("default", "max-autotune", "predicted", "reduced")
@@ -140,7 +140,9 @@ def measure_m(torch, m: int, layers: int, rounds: int) -> dict:
                 row["graphs_compiled_when_timed"][f"{group}/{mode}"] = (
                     counters["stats"]["unique_graphs"] - before)
         for group, by_mode in fns.items():
-            row[group] = step_stats(_interleaved(torch, by_mode, x, rounds))
+            rounds_of = interleaved(torch, by_mode, x, rounds, repeats=5)
+            row[group] = step_stats({mode: [b for t in ts for b in t["batches"]]
+                                     for mode, ts in rounds_of.items()})
         row["gpu"] = {f"{group}/{mode}": gpu_kernels(torch, partial(fn, x), top=20)
                       for group, by_mode in fns.items() for mode, fn in by_mode.items()}
     return row
@@ -153,16 +155,6 @@ def _graph_step(torch, compiled):
         torch.compiler.cudagraph_mark_step_begin()
         return compiled(x)
     return step
-
-
-def _interleaved(torch, fns: dict, x, rounds: int) -> dict[str, list[float]]:
-    """Each batch's ms per call, per mode: rounds that time every mode in turn, each starting
-    one mode later than the last."""
-    batches, order = {name: [] for name in fns}, list(fns)
-    for r in range(rounds):
-        for name in order[r % len(order):] + order[:r % len(order)]:
-            batches[name] += time_calls(torch, fns[name], x, repeats=5, warmup_s=0.0)["batches"]
-    return batches
 
 
 def step_stats(batches: dict[str, list[float]]) -> dict[str, dict[str, float]]:

@@ -231,14 +231,14 @@ def compiled_step(module, mode: str, cuda_graphs: bool = False):
     return torch.compile(fresh_step(module), options=options or None)
 
 
-def interleaved(torch, fns: dict, x, rounds: int) -> dict:
+def interleaved(torch, fns: dict, x, rounds: int, repeats: int = 3) -> dict:
     """Each of ``fns`` timed on ``x`` in ``rounds`` rounds, each round starting one function
     later than the last (so that none always runs after the same one): name -> the rounds'
-    ``time_calls`` results."""
+    ``time_calls`` results (``repeats`` batches each)."""
     timed, order = {name: [] for name in fns}, list(fns)
     for r in range(rounds):
         for name in order[r % len(order):] + order[:r % len(order)]:
-            timed[name].append(time_calls(torch, fns[name], x, repeats=3, warmup_s=0.0))
+            timed[name].append(time_calls(torch, fns[name], x, repeats=repeats, warmup_s=0.0))
     return timed
 
 

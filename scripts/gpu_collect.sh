@@ -49,9 +49,11 @@ SHIPPED=data/inputs/h200_bf16
 case " $* " in *" train "*|*" exhaustive "*|*" repeat "*|*" layouts"*|*" bmm "*)
   [ -d "$ROOT/h200_bf16" ] || { [ -d $SHIPPED ] && cp -r $SHIPPED "$ROOT/"; } ;; esac
 PLAN=/tmp/grouped-plan
+# the grouped dataset, resumed from the committed one where this machine has none yet
+grouped_data() { [ -d "$ROOT/h200_bf16_grouped" ] || cp -r data/inputs/h200_bf16_grouped "$ROOT/"; }
 grouped() {  # grouped PROBLEMS-FILE CONFIGS BUDGET-S NAME
   [ -f "$PLAN/$1" ] || python scripts/grouped_plan.py --out "$PLAN" > /dev/null
-  [ -d "$ROOT/h200_bf16_grouped" ] || cp -r data/inputs/h200_bf16_grouped "$ROOT/"
+  grouped_data
   python -m cutetune collect --problems "$PLAN/$1" --configs "$2" --out "$ROOT/h200_bf16_grouped" \
     --time-budget "$3" --stats "$OUT/collect_$4_stats.json" 2>&1 | tail -n 4
 }
@@ -92,7 +94,7 @@ for stage in "$@"; do
       grouped sampled_dgrad.json sample:32 "$(( $(left 30) / 2 ))" dgrad_sampled
       grouped sampled_wgrad.json sample:32 "$(left 30)" wgrad_sampled ;;
     grouped_routings)
-      [ -d "$ROOT/h200_bf16_grouped" ] || cp -r data/inputs/h200_bf16_grouped "$ROOT/"
+      grouped_data
       python -m cutetune collect --problems moe --configs sample:48 --routings balanced,skewed \
         --out "$ROOT/h200_bf16_grouped" --time-budget "$(left 30)" \
         --stats "$OUT/collect_routings_stats.json" 2>&1 | tail -n 4 ;;
@@ -100,7 +102,7 @@ for stage in "$@"; do
       grouped exhaustive_dgrad.json sample:32 "$(( $(left 30) / 2 ))" dgrad_cheap
       grouped exhaustive_wgrad.json sample:32 "$(left 30)" wgrad_cheap ;;
     moe_large)
-      [ -d "$ROOT/h200_bf16_grouped" ] || cp -r data/inputs/h200_bf16_grouped "$ROOT/"
+      grouped_data
       python -m cutetune collect --problems moe_large --configs sample:24 \
         --out "$ROOT/h200_bf16_grouped" --time-budget "${MOE_LARGE_S:-$(left 30)}" \
         --stats "$OUT/collect_moe_large_stats.json" 2>&1 | tail -n 4 ;;

@@ -300,9 +300,8 @@ def moe_large_problems(dtype: str = "bf16", arch: str = "sm90") -> list[tuple[st
     """The MoE models' expert GEMMs that ``moe_problems`` leaves out (above MAX_SUITE_FLOPS, to
     65536 tokens), cheapest first. Without them the model extrapolates to a big model's
     training-sized steps, and its fallback, unsure there, runs torch._grouped_mm."""
-    small = {p.key() for _, p in moe_problems(dtype, arch)}
     large = [(name, p) for name, p in moe_problems(dtype, arch, max_flops=2**45)
-             if p.key() not in small]
+             if p.flops > MAX_SUITE_FLOPS]
     return sorted(large, key=lambda item: item[1].flops)
 
 
