@@ -24,12 +24,14 @@ each M with what is done; an M that the --budget-s cannot cover is recorded as s
 
   python scripts/bench_cudagraphs.py --out data/bench/cudagraphs_small_m_h200.json
       [--ms 1 16 128 256 4 64] [--layers 2] [--rounds 10] [--budget-s 470] [--resume FILE...]
+      [--rerun M...]
   python scripts/bench_cudagraphs.py --plan      # what would run, no GPU
   python scripts/bench_cudagraphs.py --merge-only --resume FILE... --out FILE   # no GPU
 
-``--resume`` keeps the Ms that earlier calls' result files timed completely and runs the rest,
+``--resume`` keeps the Ms that earlier calls' result files timed completely (but those of
+``--rerun``) and runs the rest,
 so that one grid can span calls on the GPU host; ``--merge-only`` runs none and writes the
-files' Ms as one result.
+files' Ms of ``--ms`` as one result.
 """
 
 from __future__ import annotations
@@ -252,12 +254,16 @@ def main(argv=None) -> int:
                     help="start no M whose expected time would cross this")
     ap.add_argument("--resume", type=Path, nargs="+",
                     help="earlier runs' result files: their completed Ms are kept, not rerun")
+    ap.add_argument("--rerun", type=int, nargs="+", default=[],
+                    help="Ms to time again though a --resume file has them (after a change "
+                         "that alters them)")
     ap.add_argument("--plan", action="store_true", help="print what would run; no GPU")
     ap.add_argument("--merge-only", action="store_true",
-                    help="write the --resume files' Ms as one result, the rest of --ms as not "
-                         "run; no GPU")
+                    help="write the --resume files' Ms of --ms as one result, the rest of --ms "
+                         "as not run; no GPU")
     args = ap.parse_args(argv)
     measured, earlier_metas = resumed(args.resume)
+    measured = [r for r in measured if r["m"] not in args.rerun]
     done = {r["m"] for r in measured}
     if args.plan:
         print(json.dumps({"ms": [m for m in args.ms if m not in done], "kept": sorted(done),
@@ -265,6 +271,7 @@ def main(argv=None) -> int:
                           "groups": groups(), "budget_s": args.budget_s}, indent=1))
         return 0
     if args.merge_only:
+        measured = [r for r in measured if r["m"] in args.ms]
         measured += [{"m": m, "status": "skipped", "reason": "not run: merged without a GPU"}
                      for m in args.ms if m not in done]
         meta = {"argv": sys.argv[1:] if argv is None else argv, "merged": earlier_metas}

@@ -80,9 +80,7 @@ def gemms(args) -> dict:
     import torch
 
     from cutetune.tuner.kernels.grouped_mm import picker
-    from cutetune.tuner.kernels.quack_gemm import grouped_kernel
-    from cutetune.tuner.measure.grouped import GroupedBuffers
-    from cutetune.tuner.measure.timing import TimingPolicy, time_launches
+    from cutetune.tuner.measure.timing import TimingPolicy
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     policy = TimingPolicy(warmup=3, min_reps=10, max_reps=50, target_ms=20.0)
@@ -99,35 +97,16 @@ def gemms(args) -> dict:
                     if time.time() > deadline:
                         break
                     p = expert_gemm(gemm, layer.experts, tokens * layer.top_k, n, k)
-                    counts = routing_counts(p.experts, tokens * layer.top_k, routing)
-                    buf = GroupedBuffers(p, counts, l2)
                     row = {"model": model, "tokens": tokens, "proj": proj, "gemm": gemm,
                            "routing": routing, "problem": p.key()}
-                    times, err = time_launches(
-                        lambda a, b, d, cu, offs: torch._grouped_mm(a, b, offs=offs), buf, policy)
-                    row["aten_ms"], row["aten_err"] = _quantiles(times), err
-                    config = pick(p)
-                    row["pick"] = "aten" if config is None else config.short()
-                    if config is not None:
-                        kernel = grouped_kernel(config, p.arch, p.ragged)
-                        times, err = time_launches(
-                            lambda a, b, d, cu, offs: kernel(a, b, d, cu), buf, policy)
-                        row["predicted_ms"], row["predicted_err"] = _quantiles(times), err
-                    else:
-                        row["predicted_ms"], row["predicted_err"] = row["aten_ms"], err
-                    if gemm == "fwd" and tokens in MAX_AUTOTUNE_TOKENS \
-                            and autotuned < args.max_autotune:
-                        autotuned += 1
-                        row.update(_max_autotune(torch, buf, policy))
-                    row["predicted_over_aten"] = (row["aten_ms"]["median"]
-                                                  / row["predicted_ms"]["median"])
-                    if "max_autotune_ms" in row:
-                        row["predicted_over_max_autotune"] = (
-                            row["max_autotune_ms"]["median"] / row["predicted_ms"]["median"])
+                    tune = (gemm == "fwd" and tokens in MAX_AUTOTUNE_TOKENS
+                            and autotuned < args.max_autotune)
+                    autotuned += tune
+                    counts = routing_counts(p.experts, tokens * layer.top_k, routing)
+                    _guarded(row, lambda: _gemm_row(torch, row, p, counts, pick(p), tune,
+                                                    l2, policy))
                     print(json.dumps(row), flush=True)
                     rows.append(row)
-                    del buf
-                    torch.cuda.empty_cache()
     models = args.models.split(",")
     return {"rows": rows, "complete": len(rows) == (len(models) * len(TOKENS) * len(routings)
                                                    * 2 * len(GEMMS)),
@@ -144,7 +123,47 @@ def _recorded(fn, *args) -> dict:
         return {"error": f"{type(e).__name__}: {e}"[:300]}
 
 
+def _gemm_row(torch, row: dict, p, counts, config, tune: bool, l2: int, policy) -> None:
+    """One GEMM's times into ``row``: torch._grouped_mm, the pick (the same where it is
+    ATen), and with ``tune`` Inductor's max-autotune choice."""
+    from cutetune.tuner.kernels.quack_gemm import grouped_kernel
+    from cutetune.tuner.measure.grouped import GroupedBuffers
+    from cutetune.tuner.measure.timing import time_launches
+
+    buf = GroupedBuffers(p, counts, l2)
+    times, err = time_launches(
+        lambda a, b, d, cu, offs: torch._grouped_mm(a, b, offs=offs), buf, policy)
+    row["aten_ms"], row["aten_err"] = _quantiles(times), err
+    row["pick"] = "aten" if config is None else config.short()
+    if config is not None:
+        kernel = grouped_kernel(config, p.arch, p.ragged)
+        times, err = time_launches(lambda a, b, d, cu, offs: kernel(a, b, d, cu), buf, policy)
+        row["predicted_ms"], row["predicted_err"] = _quantiles(times), err
+    else:
+        row["predicted_ms"], row["predicted_err"] = row["aten_ms"], err
+    if tune:
+        row.update(_max_autotune(torch, buf, policy))
+    row["predicted_over_aten"] = row["aten_ms"]["median"] / row["predicted_ms"]["median"]
+    if "max_autotune_ms" in row:
+        row["predicted_over_max_autotune"] = (row["max_autotune_ms"]["median"]
+                                              / row["predicted_ms"]["median"])
+
+
+def _guarded(row: dict, measure) -> None:
+    """``measure()``, its failure (out of memory on the large GEMMs, a kernel's error)
+    recorded in ``row`` rather than ending the run; then the GPU memory of its buffers freed
+    before the next row's are made."""
+    import torch
+
+    try:
+        measure()
+    except Exception as e:  # noqa: BLE001
+        row["error"] = f"{type(e).__name__}: {e}"[:500]
+    torch.cuda.empty_cache()
+
+
 def _gemm_summary(rows) -> dict:
+    rows = [r for r in rows if "error" not in r]
     speedups = [r["predicted_over_aten"] for r in rows]
     over_ma = [r["predicted_over_max_autotune"] for r in rows if
                "predicted_over_max_autotune" in r]
@@ -225,12 +244,8 @@ def _host_us(torch) -> dict:
 # ================================================================ the permutation folded in
 def gather(args) -> dict:
     import torch
-    from quack.gemm_config import config_supports
 
-    from cutetune.tuner.kernels.grouped_mm import picker
-    from cutetune.tuner.kernels.quack_gemm import MmPlan, grouped_kernel, launch
-    from cutetune.tuner.measure.grouped import GroupedBuffers
-    from cutetune.tuner.measure.timing import TimingPolicy, time_launches
+    from cutetune.tuner.measure.timing import TimingPolicy
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     policy = TimingPolicy(warmup=3, min_reps=10, max_reps=50, target_ms=20.0)
@@ -241,56 +256,70 @@ def gather(args) -> dict:
         layer = MOE_MODELS[model]
         p = expert_gemm("fwd", layer.experts, tokens * layer.top_k,
                         *expert_projections(layer)["gate_up"])
-        buf = GroupedBuffers(p, routing_counts(p.experts, p.m, "balanced"), l2)
-        g = torch.Generator().manual_seed(tokens)
-        idx = (torch.randperm(p.m, generator=g) // layer.top_k).to(torch.int32).cuda()
-        buf.gather_rows(idx)
-        pick = picker().pick(p)
-        row = {"model": model, "tokens": tokens, "problem": p.key(),
-               "pick": "aten" if pick is None else pick.short()}
-
-        def timed(fn, buf=buf) -> dict:
-            try:
-                times, err = time_launches(fn, buf, policy)
-                return {**_quantiles(times), "err": err}
-            except Exception as e:  # noqa: BLE001  a failing config is recorded, not fatal
-                return {"error": f"{type(e).__name__}: {e}"[:300]}
-
-        row["copy_aten"] = timed(lambda a, b, d, cu, offs: torch._grouped_mm(
-            a.index_select(0, idx), b, offs=offs))
-        if pick is not None:
-            kernel = grouped_kernel(pick, p.arch, "m")
-            row["copy_pick"] = timed(lambda a, b, d, cu, offs: kernel(a.index_select(0, idx), b,
-                                                                      d, cu))
-        # quack's gather rules (config_supports): cluster_n 1, and on sm90 neither the
-        # dynamic scheduler nor tile_n 208 (our launch skips quack's own check of them)
-        candidates = ([replace(pick, cluster_n=1, is_dynamic_persistent=False)]
-                      if pick is not None else []) + [
-            c for c in picker().ranked(p, 256)
-            if config_supports(c.to_quack(p.arch), gather_A=True, varlen_m=True)][:args.configs]
-        row["gather"] = {}
-        for config in dict.fromkeys(candidates):
-            if time.time() > deadline or not config_supports(
-                    config.to_quack(p.arch), gather_A=True, varlen_m=True):
-                continue
-            plan = MmPlan(config, p.arch)
-            row["gather"][config.short()] = timed(
-                lambda a, b, d, cu, offs: launch(plan, a, b, d, None, 1.0, 1.0, cu_seqlens_m=cu,
-                                                 a_idx=idx))
-        right = lambda t: t.get("err", 1.0) < 1e-2  # noqa: E731  timed, and the right result
-        ok = {c: t["median"] for c, t in row["gather"].items() if right(t)}
-        copies = [row[k]["median"] for k in ("copy_aten", "copy_pick") if right(row.get(k, {}))]
-        if ok and copies:
-            row["gather_best"] = min(ok, key=ok.get)
-            row["copy_over_gather"] = min(copies) / ok[row["gather_best"]]
+        row = {"model": model, "tokens": tokens, "problem": p.key()}
+        _guarded(row, lambda: _gather_row(torch, row, p, layer.top_k, args.configs, deadline,
+                                          l2, policy))
         print(json.dumps(row), flush=True)
         rows.append(row)
-        del buf
-        torch.cuda.empty_cache()
     ratios = [r["copy_over_gather"] for r in rows if "copy_over_gather" in r]
     return {"rows": rows, "complete": len(rows) == len(args.models.split(",")) * len(TOKENS),
             "copy_over_gather_geomean": _geomean(ratios) if ratios else None,
             "copy_over_gather_min": min(ratios, default=None)}
+
+
+def _gather_row(torch, row: dict, p, top_k: int, configs: int, deadline: float, l2: int,
+                policy) -> None:
+    """The up projection ``p`` on rows permuted as a top-``top_k`` routing does, into ``row``:
+    the copy then torch._grouped_mm or the pick, against the pick made fit for quack's gather
+    and the model's best ``configs`` that quack's gather takes."""
+    from quack.gemm_config import config_supports
+
+    from cutetune.tuner.kernels.grouped_mm import picker
+    from cutetune.tuner.kernels.quack_gemm import MmPlan, grouped_kernel, launch
+    from cutetune.tuner.measure.grouped import GroupedBuffers
+    from cutetune.tuner.measure.timing import time_launches
+
+    buf = GroupedBuffers(p, routing_counts(p.experts, p.m, "balanced"), l2)
+    g = torch.Generator().manual_seed(p.m // top_k)  # the token count
+    idx = (torch.randperm(p.m, generator=g) // top_k).to(torch.int32).cuda()
+    buf.gather_rows(idx)
+    pick = picker().pick(p)
+    row["pick"] = "aten" if pick is None else pick.short()
+
+    def timed(fn, buf=buf) -> dict:
+        try:
+            times, err = time_launches(fn, buf, policy)
+            return {**_quantiles(times), "err": err}
+        except Exception as e:  # noqa: BLE001  a failing config is recorded, not fatal
+            return {"error": f"{type(e).__name__}: {e}"[:300]}
+
+    row["copy_aten"] = timed(lambda a, b, d, cu, offs: torch._grouped_mm(
+        a.index_select(0, idx), b, offs=offs))
+    if pick is not None:
+        kernel = grouped_kernel(pick, p.arch, "m")
+        row["copy_pick"] = timed(lambda a, b, d, cu, offs: kernel(a.index_select(0, idx), b,
+                                                                  d, cu))
+    # quack's gather rules (config_supports): cluster_n 1, and on sm90 neither the
+    # dynamic scheduler nor tile_n 208 (our launch skips quack's own check of them)
+    candidates = ([replace(pick, cluster_n=1, is_dynamic_persistent=False)]
+                  if pick is not None else []) + [
+        c for c in picker().ranked(p, 256)
+        if config_supports(c.to_quack(p.arch), gather_A=True, varlen_m=True)][:configs]
+    row["gather"] = {}
+    for config in dict.fromkeys(candidates):
+        if time.time() > deadline or not config_supports(
+                config.to_quack(p.arch), gather_A=True, varlen_m=True):
+            continue
+        plan = MmPlan(config, p.arch)
+        row["gather"][config.short()] = timed(
+            lambda a, b, d, cu, offs: launch(plan, a, b, d, None, 1.0, 1.0, cu_seqlens_m=cu,
+                                             a_idx=idx))
+    right = lambda t: t.get("err", 1.0) < 1e-2  # noqa: E731  timed, and the right result
+    ok = {c: t["median"] for c, t in row["gather"].items() if right(t)}
+    copies = [row[k]["median"] for k in ("copy_aten", "copy_pick") if right(row.get(k, {}))]
+    if ok and copies:
+        row["gather_best"] = min(ok, key=ok.get)
+        row["copy_over_gather"] = min(copies) / ok[row["gather_best"]]
 
 
 # ================================================================ the MoE block
@@ -405,7 +434,7 @@ def block(args) -> dict:
                 end.synchronize()
                 times.append(start.elapsed_time(end) / iters)
             row["step_ms"] = _quantiles(times)
-            row["gpu"] = gpu_kernels(torch, lambda: fn(x, gy))
+            row["gpu"] = gpu_kernels(torch, lambda: fn(x, gy), host=True)
             row["routing"] = routing_spread(torch, module, layer, x)
             print(json.dumps({"phase": phase, **row}), flush=True)
             rows.append(row)
@@ -477,7 +506,9 @@ def run(args) -> None:
                 blocks.append(_block_process(args, model, mode, f"{quack_caches}/{model}",
                                              left))
     with open(os.path.join(args.out, "moe_block_h200.json"), "w") as f:
-        json.dump({"command": " ".join(sys.argv), "blocks": blocks,
+        json.dump({"command": " ".join(sys.argv),
+                   "device": next((b["device"] for b in blocks if "device" in b), None),
+                   "blocks": blocks,
                    "speedups": _speedups(blocks)}, f, indent=1)
     try:  # the GPU hosts have no matplotlib: plot the file elsewhere then
         plot(os.path.join(args.out, "moe_block_h200.json"),
@@ -490,7 +521,8 @@ def run(args) -> None:
         gemm_args = argparse.Namespace(max_autotune=args.max_autotune, budget_s=left - 30,
                                        models=",".join(MODELS), routings=args.routings)
         with open(os.path.join(args.out, "moe_gemms_h200.json"), "w") as f:
-            json.dump({"command": " ".join(sys.argv), **gemms(gemm_args)}, f, indent=1)
+            json.dump({"command": " ".join(sys.argv), "device": _device(), **gemms(gemm_args)},
+                      f, indent=1)
 
 
 def _block_process(args, model: str, mode: str, quack_cache: str, timeout: float) -> dict:
@@ -616,7 +648,13 @@ def main() -> None:
         return plot(args.file, args.out or os.path.splitext(args.file)[0] + ".png")
     res = {"gemms": gemms, "gather": gather, "block": block}[args.cmd](args)
     with open(args.out, "w") as f:
-        json.dump({"command": " ".join(sys.argv), **res}, f, indent=1)
+        json.dump({"command": " ".join(sys.argv), "device": _device(), **res}, f, indent=1)
+
+
+def _device() -> str:
+    import torch
+
+    return torch.cuda.get_device_name()
 
 
 if __name__ == "__main__":

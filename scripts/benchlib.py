@@ -242,27 +242,46 @@ def interleaved(torch, fns: dict, x, rounds: int, repeats: int = 3) -> dict:
     return timed
 
 
-def gpu_kernels(torch, step, steps: int = 5, top: int = 12) -> dict:
+def gpu_kernels(torch, step, steps: int = 5, top: int = 12, host: bool = False) -> dict:
     """The GPU's kernel time per step (``busy_ms``; the step time less it is the GPU idle,
     waiting on the host), its kernels per step, and the ``top`` kernels by time, from torch's
     profiler over ``steps`` steps run apart from the timed ones; ``error`` where it recorded
-    none or failed (a record, not a crash: the timed results stand without it)."""
+    none or failed (a record, not a crash: the timed results stand without it). With
+    ``host``, also the host's time to issue a step with the GPU idle at its start
+    (``host_ms``, median of ``steps``: a step timed near it waits on the host) and the ``top``
+    host ops by their own time (``host_ops``, profiled, so slower than unprofiled)."""
     from torch.profiler import ProfilerActivity, profile
 
+    out = {}
+    if host:
+        issue = []
+        for _ in range(steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step()
+            issue.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        out["host_ms"] = 1e3 * float(np.median(issue))
     try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CUDA]
+                     + ([ProfilerActivity.CPU] if host else [])) as prof:
             for _ in range(steps):
                 step()
             torch.cuda.synchronize()
         events = prof.key_averages()
     except Exception as e:  # noqa: BLE001  (no CUPTI, no CUDA activity on this build, ...)
-        return {"error": f"{type(e).__name__}: {e}"[:300]}
+        return {**out, "error": f"{type(e).__name__}: {e}"[:300]}
     cuda = torch.autograd.DeviceType.CUDA  # kernels, copies, memsets: no op counts them twice
     kernels = sorted(((k.key, k.device_time_total / steps / 1e3, k.count / steps)
                       for k in events if k.device_type == cuda), key=lambda r: -r[1])
     if not kernels:  # a host whose profiler may not read the GPU (CUPTI) records nothing
-        return {"error": "the profiler recorded no GPU activity"}
-    return {"busy_ms": sum(ms for _, ms, _ in kernels),
+        return {**out, "error": "the profiler recorded no GPU activity"}
+    if host:
+        ops = sorted(((k.key, k.self_cpu_time_total / steps / 1e3, k.count / steps)
+                      for k in events if k.device_type != cuda), key=lambda r: -r[1])
+        out["host_ops"] = [{"name": name[:120], "ms": ms, "per_step": n}
+                           for name, ms, n in ops[:top]]
+    return {**out, "busy_ms": sum(ms for _, ms, _ in kernels),
             "kernels_per_step": sum(n for _, _, n in kernels),
             "kernels": [{"name": name[:120], "ms": ms, "per_step": n}
                         for name, ms, n in kernels[:top]]}

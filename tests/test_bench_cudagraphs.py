@@ -111,6 +111,8 @@ def test_resume_keeps_the_completed_ms_and_runs_the_rest(tmp_path, capsys):
     assert [r["m"] for r in kept] == [1] and metas == [{"argv": ["--ms", "1", "16"]}]
     assert bench.main(["--plan", "--resume", str(path), "--ms", "1", "16", "4"]) == 0
     assert json.loads(capsys.readouterr().out)["ms"] == [16, 4]
+    assert bench.main(["--plan", "--resume", str(path), "--ms", "1", "16", "--rerun", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["ms"] == [1, 16]  # timed again
     assert bench.resumed(None) == ([], [])
     path.write_text('{"meta": {}}')
     with pytest.raises(SystemExit, match="not a bench_cudagraphs.py result file"):
@@ -132,6 +134,9 @@ def test_merge_only_joins_calls_without_a_gpu_the_later_file_winning(tmp_path, c
     assert res["cudagraphs"][0]["ratio_predicted_over_best"] == round(281.0 / 280.0, 4)
     assert res["meta"]["merged"] == [{"call": 1}, {"call": 2}] and not res["meta"]["complete"]
     assert res["targets"]["predicted_step_over_best_ratio"]["checked"] == 2
+    assert bench.main(["--merge-only", "--resume", str(first), "--ms", "16", "--out",
+                       str(out)]) == 0  # the files' Ms of --ms only
+    assert [r["m"] for r in json.loads(out.read_text())["cudagraphs"]] == [16]
 
 
 def test_gputime_variants_compile_with_the_host_cost_rules_off():

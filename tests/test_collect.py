@@ -2,6 +2,7 @@
 CPU stand-ins (the GPU path itself is covered by tests/test_gpu_harness.py on the H200).
 The stand-in rows are labelled by a 'synthetic' device name and never leave the tmp dir."""
 
+import math
 import os
 
 import pytest
@@ -300,3 +301,21 @@ def test_a_version_1_dataset_part_reads_with_the_grouped_columns_null(tmp_path):
     assert dataset.done_keys(tmp_path) == {dataset.measurement_key("p", "cublas")}
     assert dataset.load(tmp_path, columns=["problem_key", "expert_counts"]).column_names == [
         "problem_key", "expert_counts"]
+
+
+def test_relative_error_differences_a_slice_at_a_time(monkeypatch):
+    """The check's error is the whole output's, whatever the slices (here one row of fp32
+    difference each), and NaN where the output holds one."""
+    import torch
+
+    from cutetune.tuner.measure import timing
+
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(5, 3, 4, generator=g)
+    got = (ref + 0.01 * torch.randn(5, 3, 4, generator=g)).bfloat16()
+    whole = float(torch.linalg.vector_norm(got.float() - ref) / torch.linalg.vector_norm(ref))
+    monkeypatch.setattr(timing, "ERROR_CHUNK_BYTES", 4 * 12)
+    norm = torch.linalg.vector_norm(ref)
+    assert timing.relative_error(got, ref, norm) == pytest.approx(whole, rel=1e-6)
+    got[4, 2, 3] = float("nan")
+    assert math.isnan(timing.relative_error(got, ref, norm))

@@ -18,7 +18,7 @@ from cutetune.models.artifact import load_model
 from cutetune.space.config import KernelConfig
 from cutetune.space.problem import GroupedProblem, ProblemError
 from cutetune.tuner.inductor import install as iin
-from cutetune.tuner.inductor.passes import GroupedMmPass, SwigluFusionPass
+from cutetune.tuner.inductor.passes import GemvPass, GroupedMmPass, SwigluFusionPass
 from cutetune.tuner.kernels import grouped_mm as gmm
 from cutetune.tuner.kernels import problems
 from cutetune.tuner.kernels.launcher import M_UNBOUNDED
@@ -211,7 +211,7 @@ def test_nodes_the_pass_must_not_touch_stay(stub_pass):
     assert gmm.GROUPED_MM_KERNEL not in code  # N and K symbolic: no problem, ATen
 
 
-def test_enable_chains_the_grouped_pass_after_swiglu_and_the_users():
+def test_enable_chains_the_grouped_pass_after_swiglu_the_gemvs_and_the_users():
     def users(graph):
         pass
 
@@ -220,10 +220,12 @@ def test_enable_chains_the_grouped_pass_after_swiglu_and_the_users():
             slot = inductor_config.post_grad_custom_post_pass
             assert isinstance(slot, GroupedMmPass)
             assert isinstance(slot.user_pass, SwigluFusionPass)
-            assert slot.user_pass.user_pass is users
+            assert isinstance(slot.user_pass.user_pass, GemvPass)
+            assert slot.user_pass.user_pass.user_pass is users
             with iin.enable("predicted", fuse_swiglu=False):
                 inner = inductor_config.post_grad_custom_post_pass
-                assert isinstance(inner, GroupedMmPass) and inner.user_pass is users
+                assert isinstance(inner, GroupedMmPass) and isinstance(inner.user_pass, GemvPass)
+                assert inner.user_pass.user_pass is users
             assert inductor_config.post_grad_custom_post_pass is slot
         assert inductor_config.post_grad_custom_post_pass is users
 

@@ -34,7 +34,7 @@ from cutetune.tuner.kernels import problems
 from cutetune.models import triton_mm as tmm
 from cutetune.tuner.kernels import aot, launcher, helper as prefetch, quack_gemm
 from cutetune.tuner.measure.executor import signature_class
-from cutetune.tuner.inductor.passes import SwigluFusionPass
+from cutetune.tuner.inductor.passes import GemvPass, SwigluFusionPass
 from cutetune.models.heuristics import Grid, Heuristics, HeuristicsError
 from cutetune import settings
 from cutetune.artifacts import sealed_json
@@ -1017,7 +1017,8 @@ def test_enable_from_env(tmp_path):
         assert isinstance(inductor_config.post_grad_custom_post_pass.user_pass, SwigluFusionPass)
     with iin.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_MODEL": path,
                              "CUTETUNE_FUSE_SWIGLU": "0"}):
-        assert inductor_config.post_grad_custom_post_pass.user_pass is None  # grouped pass alone
+        gemv = inductor_config.post_grad_custom_post_pass.user_pass  # grouped, then GEMV
+        assert isinstance(gemv, GemvPass) and gemv.user_pass is None
     with iin.enable_from_env({"CUTETUNE_MODE": "reduced", "CUTETUNE_TOPK": "3",
                              "CUTETUNE_MODEL": path,
                              "CUTETUNE_FEEDBACK": str(tmp_path / "fb")}) as inst:
@@ -1795,6 +1796,27 @@ def test_gpu_compiled_llama_mlp(tmp_path, mode, dtype, monkeypatch, caplog):
 
 
 @gpu
+def test_gpu_one_row_mlp_under_cuda_graphs_runs_gemv_reductions():
+    """mode="reduce-overhead" at M=1 in predicted mode: the MLP's GEMMs become Triton
+    reductions (no extern GEMM), the replays run right."""
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    torch.manual_seed(0)
+    mlp = LlamaMLP().cuda().to(BF16)
+    x = torch.randn(1, 1024, device="cuda", dtype=BF16)
+    torch._dynamo.reset()
+    with torch.no_grad(), fresh_cache(), iin.enable("predicted"):
+        fn = torch.compile(mlp, mode="reduce-overhead")
+        out, code = run_and_get_code(fn, x)
+        for _ in range(3):
+            out = fn(x).clone()
+        ref = mlp(x)
+    code = "".join(code)
+    assert not re.search(r"extern_kernels\.\w+\(", code) and re.search(r"triton_(red|per)_", code)
+    assert _rel_err(out, ref) < 2e-2
+
+
+@gpu
 def test_gpu_compiled_llama_mlp_with_a_dynamic_m(monkeypatch):
     """The MLP compiled once with its M dynamic (as Dynamo recompiles a graph for a new batch
     size) runs every M right in that one graph, each projection on quack (the plain ones by
@@ -1999,3 +2021,46 @@ def test_gpu_fx_graph_cache_reload_in_fresh_process(tmp_path, run_script):
     assert all(r["err"] < 2e-2 for r in runs)
     cached = "".join(p.read_text() for p in (tmp_path / "inductor").rglob("*.py"))
     assert launcher.ADDMM_KERNEL in cached or launcher.MM_KERNEL in cached
+
+
+def _compiled_code(fn, args, graphs: bool, arch="sm90") -> tuple[torch.Tensor, str]:
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    gemv = GemvPass("k", lambda device: arch)
+    with inductor_config.patch({"fx_graph_cache": False, "triton.cudagraphs": graphs,
+                                "post_grad_custom_post_pass": gemv}):
+        out, code = run_and_get_code(torch.compile(fn), *args)
+    return out, "".join(code)
+
+
+def _gemm_forms(m: int, dtype):
+    """A linear with a residual add (addmm after Inductor's post-grad passes) under a relu
+    (mm), and a batched product (bmm), each with ``m`` rows."""
+    g = torch.Generator().manual_seed(0)
+    w, r = torch.randn(48, 64, generator=g).to(dtype), torch.randn(m, 48, generator=g).to(dtype)
+    x, q, k = (torch.randn(*s, generator=g).to(dtype) for s in ((m, 64), (3, m, 64), (3, 64, 8)))
+
+    def fn(x, q, k):
+        return torch.relu(x @ w.t()), x @ w.t() + r, torch.bmm(q, k)
+
+    return fn, (x, q, k)
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_gemv_pass_turns_one_row_gemms_into_reductions_under_cuda_graphs(dtype, caplog):
+    """Under CUDA graphs one-row mm, addmm and bmm leave the extern GEMMs for fused
+    reductions, computed in fp32; two rows, no graphs, or a device quack does not serve keep
+    them (on the CPU Inductor itself lowers a one-row bmm without an extern kernel)."""
+    caplog.set_level(logging.INFO, logger="cutetune.tuner.inductor")
+    fn, args = _gemm_forms(1, dtype)
+    outs, code = _compiled_code(fn, args, graphs=True)
+    assert not re.search(r"extern_kernels\.\w+\(", code)
+    assert sum("as a GEMV reduction" in r.getMessage() for r in caplog.records) == 3
+    for out, ref in zip(outs, fn(*args)):
+        assert _rel_err(out, ref) < 1e-2
+    for m, graphs, arch in ((2, True, "sm90"), (1, False, "sm90"), (1, True, None)):
+        fn, args = _gemm_forms(m, dtype)
+        code = _compiled_code(fn, args, graphs, arch)[1]
+        assert {"mm", "addmm"} <= set(re.findall(r"extern_kernels\.(\w+)\(", code))
+    assert sum("as a GEMV reduction" in r.getMessage() for r in caplog.records) == 3

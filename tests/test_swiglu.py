@@ -363,16 +363,16 @@ def test_enable_installs_the_pass_and_restores_the_users():
     try:
         with iin.enable("predicted"):
             installed = inductor_config.post_grad_custom_post_pass
-            assert _swiglu_pass().user_pass is user  # the grouped GEMM pass wraps it
+            assert _swiglu_pass().user_pass.user_pass is user  # after the GEMV pass
             with iin.enable("reduced", prefetch=False):  # nested: wraps the user's, not ours
-                assert _swiglu_pass().user_pass is user
+                assert _swiglu_pass().user_pass.user_pass is user
             assert inductor_config.post_grad_custom_post_pass is installed
             with iin.enable("off"):
                 assert inductor_config.post_grad_custom_post_pass is user
         assert inductor_config.post_grad_custom_post_pass is user
         with iin.enable("predicted", fuse_swiglu=False):
             assert _swiglu_pass() is None
-            assert inductor_config.post_grad_custom_post_pass.user_pass is user
+            assert inductor_config.post_grad_custom_post_pass.user_pass.user_pass is user
     finally:
         inductor_config.post_grad_custom_post_pass = prev
 

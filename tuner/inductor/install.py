@@ -24,7 +24,7 @@ from . import choices as hook, grouped, template_cache
 from .choices import _SOURCES, ChoicesFactory, send_kernels
 from .decisions import REDUCED_TOP_K, decide_swiglu, host_bound_us, triton_takers
 from .feedback import FeedbackRecorder
-from .passes import EarlyPrefetchPass, GroupedMmPass, SwigluFusionPass
+from .passes import EarlyPrefetchPass, GemvPass, GroupedMmPass, SwigluFusionPass
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +127,10 @@ def prepare_grouped_kernels(kernels) -> None:
 
 
 def post_grad_pass(factory: ChoicesFactory, user_pass, fuse_swiglu: bool):
-    """The grouped GEMM pass, after the SwiGLU fusion (``fuse_swiglu``) and the user's pass."""
-    return grouped_pass(factory, swiglu_fusion_pass(factory, user_pass) if fuse_swiglu
-                        else user_pass)
+    """The grouped GEMM pass, after the SwiGLU fusion (``fuse_swiglu``), after the one-row
+    GEMVs (a GEMV leaves no mm to fuse), after the user's pass."""
+    gemv = GemvPass(f"{factory.mode}:{factory.code}", problems.device_arch, user_pass)
+    return grouped_pass(factory, swiglu_fusion_pass(factory, gemv) if fuse_swiglu else gemv)
 
 
 def prepare_fused_kernel(problem: GemmProblem, config: KernelConfig) -> None:
@@ -218,7 +219,7 @@ class Installation:
         self.factory, self.feedback = factory, feedback
         prev = self._prev = {}  # slot -> the value this installation found there
         prev["post_pass"] = _chain_pass(
-            "post_grad_custom_post_pass", (SwigluFusionPass, GroupedMmPass),
+            "post_grad_custom_post_pass", (GemvPass, SwigluFusionPass, GroupedMmPass),
             (lambda user: post_grad_pass(factory, user, fuse_swiglu))
             if factory is not None else None)
         prev["pre_pass"] = _chain_pass(

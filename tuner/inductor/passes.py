@@ -11,6 +11,9 @@ runs the user's own pass of that slot first (``ChainedPass``):
   and send the kernels then. What it reads wrong (a layout lowering changes) costs a kernel
   built for nothing; what it misses is sent at lowering as before.
 
+- ``GemvPass`` (post-grad): under CUDA graphs, a one-row mm becomes the multiply and sum of
+  a GEMV, which Inductor fuses with its neighbours (see the class).
+
 - ``SwigluFusionPass`` (post-grad): The Inductor post-grad pass that rewrites ``silu(g) * mm(x, w)`` into cutetune's fused
   SwiGLU GEMM (``cutetune::mm_silu_mul``, ``swiglu.py``) where the decision says so.
   
@@ -162,6 +165,58 @@ def _dynamic_m(x) -> bool:
     a = x.meta.get("val")
     return isinstance(a, torch.Tensor) and a.dim() == 2 and isinstance(a.shape[0], torch.SymInt) \
         and not isinstance(a.shape[0].node.maybe_as_int(), int)
+
+
+class GemvPass(ChainedPass):
+    """Under CUDA graphs, each one-row GEMM of the post-grad graph (``mm``, ``bmm``, and
+    ``addmm`` with its defaults, as Inductor makes of mm plus a residual; 16-bit, a static row,
+    where ``arch(device)`` names a GPU) becomes the multiply and sum of a GEMV in fp32, cast
+    back: the rewrite that Inductor's own decompositions make only with
+    ``coordinate_descent_tuning`` on, as mode="max-autotune" has it. Inductor then fuses each
+    GEMV into a reduction kernel with its neighbours (RMSNorm, residual adds, SwiGLU's
+    product, attention's softmax), which no GEMM choice can do; under graphs fewer kernels
+    also replay faster (data/bench/cudagraphs_small_m_h100.json at M=1). Without graphs it
+    stays: there a GEMM's choice weighs the host (``decisions.host_bound_us``)."""
+
+    NAME = "cutetune-gemv"
+
+    def __init__(self, key: str, arch: Callable[[torch.device], str | None],
+                 user_pass: Callable[[torch.fx.Graph], None] | None = None) -> None:
+        super().__init__(key, user_pass)
+        self.arch = arch
+
+    def apply(self, graph: torch.fx.Graph) -> None:
+        if not under_cuda_graphs():
+            return
+        from torch._inductor.pattern_matcher import (CallFunction, KeywordArg, Match,
+                                                     PatternMatcherPass, register_graph_pattern)
+
+        def one_row(match: Match) -> bool:
+            x, w = (match.kwargs[k].meta.get("val") for k in ("x", "w"))
+            return (all(isinstance(t, torch.Tensor) and t.dtype in DTYPES for t in (x, w))
+                    and isinstance(x.shape[-2], int) and x.shape[-2] == 1
+                    and self.arch(x.device) is not None)
+
+        def rewrite(match: Match, x, w, bias=None) -> None:
+            if bias is None:
+                match.replace_by_example(lambda x, w: _gemv(x, w).to(x.dtype), [x, w])
+            else:
+                match.replace_by_example(lambda b, x, w: (b.float() + _gemv(x, w)).to(x.dtype),
+                                         [bias, x, w])
+            log.info("cutetune: one-row GEMM %s as a GEMV reduction (under CUDA graphs)",
+                     tuple(w.meta["val"].shape))
+
+        aten, x, w = torch.ops.aten, KeywordArg("x"), KeywordArg("w")
+        matcher = PatternMatcherPass(pass_name="cutetune_gemv")
+        for pattern in (CallFunction(aten.mm.default, x, w), CallFunction(aten.bmm.default, x, w),
+                        CallFunction(aten.addmm.default, KeywordArg("bias"), x, w)):
+            register_graph_pattern(pattern, extra_check=one_row, pass_dict=matcher)(rewrite)
+        matcher.apply(graph)
+
+
+def _gemv(x, w):
+    """``x @ w`` for a one-row ``x`` (``(..., 1, K)``), in fp32, as a multiply and a sum."""
+    return (x.float().unsqueeze(-1) * w.float().unsqueeze(-3)).sum(-2)
 
 
 class SwigluFusionPass(ChainedPass):

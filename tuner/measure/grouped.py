@@ -63,6 +63,7 @@ class GroupedBuffers:
         """Launches are checked against ``a @ b`` by expert, in fp32 (``ref``, ``ref_norm``)."""
         import torch
 
+        self.ref = None  # the earlier reference is freed before the new one is made
         self.ref = self._reference(a, b)
         self.ref_norm = torch.linalg.vector_norm(self.ref)
 
