@@ -146,31 +146,61 @@ class CostModel:
         self._check(problem)
         table, mask = self._table(problem, configs)
         X = table.features(problem, self.device, mask)
-        score = self.ranker.predict(X)
-        if self.timer_weight:
-            all_log_ms = self.timer.predict(X)
-            score = blended(score, all_log_ms, self.timer_weight)
+        score, all_log_ms = self._scores(X)
         order = np.argsort(score, kind="stable")[:top_k]
-        if self.timer is self.ranker:
-            log_ms = score[order]
-        else:
-            log_ms = all_log_ms[order] if self.timer_weight else self.timer.predict(X[order])
+        log_ms = all_log_ms[order] if all_log_ms is not None else self.timer.predict(X[order])
         rows = order if mask is None else np.flatnonzero(mask)[order]
         return list(zip(map(table.configs.__getitem__, rows.tolist()), score[order].tolist(),
                         np.exp(log_ms).tolist()))
+
+    def _scores(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The ranking score of each row, and its predicted log ms where that came with it."""
+        score = self.ranker.predict(X)
+        if self.timer_weight:
+            log_ms = self.timer.predict(X)
+            return blended(score, log_ms, self.timer_weight), log_ms
+        return score, score if self.timer is self.ranker else None
+
+    def picks(self, problems) -> list[KernelConfig | None]:
+        """Predicted mode's answer for each problem: its top-1 among the valid configs, or None
+        where the fallback prefers ATen; one prediction per booster for them all (a compile
+        asks this for every rung of a dynamic size)."""
+        if not problems:
+            return []
+        blocks = []
+        for problem in problems:
+            self._check(problem)
+            table, mask = self._table(problem, None)
+            rows = np.arange(len(table.configs)) if mask is None else np.flatnonzero(mask)
+            if not len(rows):
+                raise ValueError(f"no valid config for {problem.key()}")
+            blocks.append((table, rows, table.features(problem, self.device, mask)))
+        X = np.concatenate([x for _, _, x in blocks])
+        score, log_ms = self._scores(X)
+        starts = np.cumsum([0] + [len(x) for _, _, x in blocks[:-1]])
+        best = np.array([s + int(np.argmin(score[s:s + len(x)]))
+                         for s, (_, _, x) in zip(starts, blocks)])
+        best_log_ms = log_ms[best] if log_ms is not None else self.timer.predict(X[best])
+        aten = self.aten_margins(problems, np.exp(best_log_ms)) > 0.0
+        return [None if a else table.configs[rows[i - s]]
+                for (table, rows, _), s, i, a in zip(blocks, starts, best, aten)]
 
     def aten_margin(self, problem, configs=None, top1_ms: float | None = None) -> float:
         """The fallback's quantile of log(t_top1 / t_ATen), top-1 among ``configs`` (None: the
         valid space), ATen being the kind's baseline (cuBLAS, or torch._grouped_mm): below 0
         means the model is that confident its pick beats ATen. ``top1_ms``: the top-1's
-        predicted ms, where the caller has ranked already (a compile asks per size)."""
+        predicted ms, where the caller has ranked already."""
+        if top1_ms is None:
+            (_, top1_ms), = self.rank(problem, configs, top_k=1)
+        return float(self.aten_margins([problem], [top1_ms])[0])
+
+    def aten_margins(self, problems, top1_ms) -> np.ndarray:
+        """``aten_margin`` of each problem given its top-1's predicted ms, in one prediction."""
         if self.fallback is None:
             raise ModelError(f"this cost model was trained without {self.kind.baseline} "
                              f"timings: no fallback")
-        if top1_ms is None:
-            (_, top1_ms), = self.rank(problem, configs, top_k=1)
-        x = fallback_inputs(problem_descriptors([problem], self.device), np.log([top1_ms]))
-        return float(self.fallback.predict(x)[0])
+        x = fallback_inputs(problem_descriptors(list(problems), self.device), np.log(top1_ms))
+        return np.asarray(self.fallback.predict(x), np.float64)
 
     def prefers_aten(self, problem, configs=None, top1_ms: float | None = None) -> bool:
         """Whether predicted mode should run ATen instead of the model's top-1."""

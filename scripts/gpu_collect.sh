@@ -34,7 +34,8 @@
 #   cudagraphs     scripts/bench_cudagraphs.py: small M with and without CUDA graphs
 #                  -> $OUT/cudagraphs_small_m_h200.json; resumes from the checkout's
 #                  data/bench/cudagraphs_small_m_h200.json where there is one (an earlier
-#                  call's, copied there), so that the M grid can span calls
+#                  call's, copied there), so that the M grid can span calls; the Ms in
+#                  $CG_RERUN (say "1") are timed again
 # Data and quack's kernel cache live under /tmp so they survive between calls on one warm
 # machine; each stage ends by packing the dataset into $OUT.
 set -uo pipefail
@@ -120,7 +121,8 @@ for stage in "$@"; do
     cudagraphs)
       CG=data/bench/cudagraphs_small_m_h200.json
       python scripts/bench_cudagraphs.py --out "$OUT/cudagraphs_small_m_h200.json" \
-        --budget-s "$(left 60)" $([ -f $CG ] && echo --resume $CG) 2>&1 | tail -n 30 ;;
+        --budget-s "$(left 60)" $([ -f $CG ] && echo --resume $CG) \
+        $([ -n "${CG_RERUN:-}" ] && echo --rerun $CG_RERUN) 2>&1 | tail -n 30 ;;
     repeat)
       python -m cutetune collect --problems train --configs sample:20 --limit-problems 30 \
         --out "$ROOT/h200_bf16_repeat" --time-budget "$(left 30)" \

@@ -81,11 +81,11 @@ class Stub:
         self.asked = []
 
     def rank(self, problem, top_k=None):
-        self.asked.append(problem)
         return [(CONFIG, 1.0)]
 
-    def prefers_aten(self, problem, configs=None, top1_ms=None):
-        return problem.ragged == "k"
+    def picks(self, problems):
+        self.asked.extend(problems)
+        return [None if p.ragged == "k" else CONFIG for p in problems]
 
 
 def test_picker_asks_once_per_problem_and_respects_the_fallback():
@@ -98,12 +98,22 @@ def test_picker_asks_once_per_problem_and_respects_the_fallback():
 
 
 def test_the_shipped_model_picks_for_the_moe_shapes():
+    """Its picks, made for many problems at once, are each problem's top-1 or, where the
+    fallback prefers it, ATen: both answers occur."""
     picker = gmm.Picker()
     model = load_model(None, "sm90", "bf16", "grouped")
-    for tokens in (16, 1024, 32768):
-        p = GroupedProblem(256, tokens * 8, 4096, 7168)
-        pick = picker.pick(p)
-        assert pick is None if model.prefers_aten(p) else pick == model.rank(p, top_k=1)[0][0]
+    from cutetune.space.suites import expert_gemm
+
+    problems = [expert_gemm(gemm, e, tokens * 8, n, k)
+                for e, n, k in ((256, 4096, 7168), (128, 1536, 2048))
+                for tokens in (16, 1024, 8192, 32768) for gemm in ("fwd", "wgrad")]
+    picker.pick_all(problems)
+    answers = []
+    for p in problems:
+        (top1, ms), = model.rank(p, top_k=1)
+        answers.append(None if model.prefers_aten(p, top1_ms=ms) else top1)
+        assert picker.pick(p) == answers[-1]
+    assert None in answers and any(a is not None for a in answers)
 
 
 def test_a_missing_model_runs_aten_with_a_warning(tmp_path, caplog):

@@ -72,15 +72,18 @@ class Picker:
         return self.models_[key]
 
     def pick(self, problem: GroupedProblem) -> KernelConfig | None:
-        if problem not in self.picks_:
-            model = self._model_for(problem.arch, problem.dtype)
-            config = None
-            if model is not None:
-                (config, ms), = model.rank(problem, top_k=1)  # the fallback judges it
-                if model.prefers_aten(problem, top1_ms=ms):
-                    config = None
-            self.picks_[problem] = config
+        self.pick_all([problem])
         return self.picks_[problem]
+
+    def pick_all(self, problems: list[GroupedProblem]) -> None:
+        """Pick for each of ``problems`` not picked yet, each model asked once for them all
+        (``CostModel.picks``)."""
+        todo = [p for p in dict.fromkeys(problems) if p not in self.picks_]
+        for arch, dtype in dict.fromkeys((p.arch, p.dtype) for p in todo):
+            mine = [p for p in todo if (p.arch, p.dtype) == (arch, dtype)]
+            model = self._model_for(arch, dtype)
+            self.picks_.update(zip(mine, model.picks(mine) if model is not None
+                                   else [None] * len(mine)))
 
     def has_model(self, arch: str, dtype) -> bool:
         """Whether there is a model for grouped GEMMs of ``arch`` in ``dtype`` (a torch dtype
@@ -131,6 +134,13 @@ class Picker:
 
         if not dynamic:
             return ((M_UNBOUNDED, pick_at(total)),)
+        valid = []
+        for size in RAGGED_RUNGS:
+            try:
+                valid.append(problem_at(size))
+            except ProblemError:
+                pass
+        self.pick_all(valid)  # every rung's at once; m_ranges then reads them
         return m_ranges(pick_at, RAGGED_RUNGS)
 
 
