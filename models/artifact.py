@@ -9,6 +9,11 @@ and the request, and names the file and the mismatch instead of mis-predicting. 
 kind refuses to rank a problem of the other: each kind has its own file
 (``shipped_model_path``).
 
+A file may also keep the model's own picks for the problems a compile will ask about
+(``CostModel.with_picks``; the shipped grouped model's, for the MoE shapes), which
+``read_picks`` returns without loading a booster: XGBoost's import alone took longer than a
+compile's grouped picks.
+
 Since format version 2 the file carries a checksum of all its bytes (``cutetune.artifacts``),
 checked before XGBoost sees a booster: XGBoost's loader trusts its input, and a changed
 character inside a booster could crash the process or silently change predictions. Version 1
@@ -18,7 +23,7 @@ files have no checksum: reading one would be that risk, so they are refused (ret
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -73,6 +78,9 @@ class CostModel:
     fallback: CublasFallback | None = None
     metadata: dict = field(default_factory=dict)
     timer_weight: float = 0.0
+    # problem key -> ``picks``'s answer (None: ATen), computed when the file was written for
+    # the problems a compile will ask about (``with_picks``); ``read_picks`` reads them alone
+    known_picks: dict[str, KernelConfig | None] = field(default_factory=dict, repr=False)
     _spaces: dict[str, ConfigTable] = field(default_factory=dict, repr=False)  # by family
 
     def __post_init__(self) -> None:
@@ -185,6 +193,12 @@ class CostModel:
         return [None if a else table.configs[rows[i - s]]
                 for (table, rows, _), s, i, a in zip(blocks, starts, best, aten)]
 
+    def with_picks(self, problems) -> "CostModel":
+        """This model with ``picks`` of ``problems`` kept, to be written into its file."""
+        problems = list(problems)
+        return replace(self, known_picks=dict(zip((p.key() for p in problems),
+                                                  self.picks(problems))), _spaces={})
+
     def aten_margin(self, problem, configs=None, top1_ms: float | None = None) -> float:
         """The fallback's quantile of log(t_top1 / t_ATen), top-1 among ``configs`` (None: the
         valid space), ATen being the kind's baseline (cuBLAS, or torch._grouped_mm): below 0
@@ -226,6 +240,9 @@ class CostModel:
             d["timer_weight"] = self.timer_weight
         if self.fallback is not None:
             d["fallback"] = self.fallback.to_dict()
+        if self.known_picks:
+            d["picks"] = {k: None if c is None else c.to_dict()
+                          for k, c in sorted(self.known_picks.items())}
         return d
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -238,6 +255,44 @@ def load_model(path: str | os.PathLike | None = None, arch: str = "sm90",
                dtype: str = "bf16", kind: str = "dense") -> CostModel:
     """Load a model file of ``kind`` problems (None: the one shipped for ``arch``/``dtype``),
     checked against this installation; ModelError names the file and what is wrong with it."""
+    path, d = _read(path, arch, dtype, kind)
+    try:
+        ranker = BoosterModel.from_dict(d["ranker"])
+        timer = BoosterModel.from_dict(d["timer"]) if "timer" in d else ranker
+        fallback = CublasFallback.from_dict(d["fallback"]) if "fallback" in d else None
+        device = device_for(d["device"])
+        model = CostModel(arch, dtype, device, ranker, timer, fallback, d.get("metadata", {}),
+                          float(d.get("timer_weight", 0.0)),  # absent: no blend
+                          _picks(d, arch))
+    except Exception as e:  # noqa: BLE001  (checksummed, yet not what this cutetune writes)
+        raise ModelError(f"cost model {path} is damaged: {type(e).__name__}: {e}") from None
+    if model.kind.name != kind:
+        raise ModelError(f"cost model {path} is damaged: it says it ranks {kind} GEMMs, its "
+                         f"boosters read {model.kind.name} GEMMs' features")
+    if not timer.predicts_time:
+        raise ModelError(f"cost model {path} has no time model (timer objective "
+                         f"{timer.objective!r})")
+    return model
+
+
+def read_picks(path: str | os.PathLike | None = None, arch: str = "sm90", dtype: str = "bf16",
+               kind: str = "dense") -> dict[str, KernelConfig | None]:
+    """The picks a model file keeps (``CostModel.with_picks``), checked as ``load_model``
+    checks the file but read without its boosters (nor XGBoost): what a compile asks first."""
+    path, d = _read(path, arch, dtype, kind)
+    try:
+        return _picks(d, arch)
+    except Exception as e:  # noqa: BLE001  (checksummed, yet not what this cutetune writes)
+        raise ModelError(f"cost model {path} is damaged: {type(e).__name__}: {e}") from None
+
+
+def _picks(d: dict, arch: str) -> dict[str, KernelConfig | None]:
+    return {k: None if c is None else KernelConfig.from_dict(c, arch)
+            for k, c in d.get("picks", {}).items()}
+
+
+def _read(path, arch: str, dtype: str, kind: str) -> tuple[Path, dict]:
+    """A model file's path and contents, checked against the request and this installation."""
     shipped = shipped_model_path(arch, dtype, kind)
     path = Path(path) if path is not None else shipped
     if not path.exists():
@@ -263,19 +318,4 @@ def load_model(path: str | os.PathLike | None = None, arch: str = "sm90",
         raise ModelError(f"cost model {path} was trained on another feature schema than this "
                          f"cutetune computes (differs in: {', '.join(map(str, diff[:8]))}); "
                          f"retrain it with `cutetune train`")
-    try:
-        ranker = BoosterModel.from_dict(d["ranker"])
-        timer = BoosterModel.from_dict(d["timer"]) if "timer" in d else ranker
-        fallback = CublasFallback.from_dict(d["fallback"]) if "fallback" in d else None
-        device = device_for(d["device"])
-        model = CostModel(arch, dtype, device, ranker, timer, fallback, d.get("metadata", {}),
-                          float(d.get("timer_weight", 0.0)))  # absent: no blend
-    except Exception as e:  # noqa: BLE001  (checksummed, yet not what this cutetune writes)
-        raise ModelError(f"cost model {path} is damaged: {type(e).__name__}: {e}") from None
-    if model.kind.name != kind:
-        raise ModelError(f"cost model {path} is damaged: it says it ranks {kind} GEMMs, its "
-                         f"boosters read {model.kind.name} GEMMs' features")
-    if not timer.predicts_time:
-        raise ModelError(f"cost model {path} has no time model (timer objective "
-                         f"{timer.objective!r})")
-    return model
+    return path, d

@@ -2,12 +2,15 @@
 
     python scripts/train_cost_model.py [--shipped dense|grouped] [DATASET] [--out FILE]
         [--report DIR] [train options]
+    python scripts/train_cost_model.py --shipped grouped --picks-only [--out FILE]
 
 Defaults per shipped model (``SHIPPED``): dense, data/inputs/h200_bf16 ->
 cutetune/data/cost_model_sm90_bf16.json and data/reports/model_h200_bf16/; grouped (MoE expert
 GEMMs), data/inputs/h200_bf16_grouped -> cutetune/data/cost_model_sm90_bf16_grouped.json and
 data/reports/model_h200_bf16_grouped/ (report.md, metrics.json, plots). The options are those
-of `cutetune train`.
+of `cutetune train`. The grouped model's file then keeps its picks for every MoE model's expert
+GEMMs at every rung of the routed rows (``moe_rung_problems``), which a compile reads without
+loading the model (``grouped_mm.Picker``); ``--picks-only`` writes them into the file as it is.
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cutetune.models.artifact import load_model
 from cutetune.models.dataset import DatasetError
 from cutetune.commands.train import add_arguments, options_from, run
+from cutetune.space.problem import GROUPED_GEMMS
+from cutetune.space.suites import MOE_MODELS, expert_gemm, expert_projections
+from cutetune.tuner.kernels.grouped_mm import RAGGED_RUNGS
 
 
 # shipped model -> (dataset, model file, report folder)
@@ -29,16 +36,33 @@ SHIPPED = {
 }
 
 
+def moe_rung_problems() -> list:
+    """Every MoE model's expert GEMMs (both projections; forward, input and weight gradient)
+    at each rung of the routed rows that a compile asks picks for (``RAGGED_RUNGS``)."""
+    return list(dict.fromkeys(
+        expert_gemm(gemm, layer.experts, rows, n, k) for layer in MOE_MODELS.values()
+        for n, k in expert_projections(layer).values() for gemm in GROUPED_GEMMS
+        for rows in RAGGED_RUNGS))
+
+
 def main(argv: list[str] | None = None) -> int:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--shipped", choices=tuple(SHIPPED), default="dense")
+    pre.add_argument("--picks-only", action="store_true",
+                     help="grouped: write the picks into the model file as it is, no training")
     known, rest = pre.parse_known_args(argv)
     dataset, out, report = SHIPPED[known.shipped]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[pre])
     add_arguments(p, dataset=dataset, out=out, report=report)
     args = p.parse_args(argv)
+    if args.picks_only and known.shipped != "grouped":
+        p.error("--picks-only is for the grouped model")
     try:
-        run(args.dataset, args.out, args.report, options_from(args), args.kind or known.shipped)
+        if not args.picks_only:
+            run(args.dataset, args.out, args.report, options_from(args),
+                args.kind or known.shipped)
+        if known.shipped == "grouped":
+            load_model(args.out, kind="grouped").with_picks(moe_rung_problems()).save(args.out)
     except (ValueError, FileNotFoundError, DatasetError) as e:
         print(f"train_cost_model: error: {e}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@ operands to a GroupedProblem, the model's picks by rung, the op's ATen path and 
 the compiled graphs' tables (the kernels themselves: test_grouped_mm_gpu.py)."""
 
 import logging
+import textwrap
 import types
 from dataclasses import replace
 from pathlib import Path
@@ -114,6 +115,40 @@ def test_the_shipped_model_picks_for_the_moe_shapes():
         answers.append(None if model.prefers_aten(p, top1_ms=ms) else top1)
         assert picker.pick(p) == answers[-1]
     assert None in answers and any(a is not None for a in answers)
+
+
+def test_the_shipped_file_keeps_its_models_picks_and_a_compile_reads_them_without_xgboost(
+        run_script):
+    """The packaged grouped model's file keeps its own answers for the MoE shapes at every
+    rung (scripts/train_cost_model.py writes them): a sample of them is what the model says,
+    and a fresh process picks a dynamic size's table from them without importing XGBoost."""
+    from cutetune.models.artifact import read_picks
+
+    known = read_picks(None, kind="grouped")
+    model = load_model(None, "sm90", "bf16", "grouped")
+    sample = [GroupedProblem.from_key(k) for k in sorted(known)[::37]]
+    assert len(known) > 1000 and len(sample) > 20
+    assert model.picks(sample) == [known[p.key()] for p in sample]
+    out = run_script(textwrap.dedent("""
+        import json, sys
+        from cutetune.tuner.kernels import grouped_mm as gmm
+        from cutetune.space.suites import MOE_MODELS, expert_gemm, expert_projections
+        layer = MOE_MODELS["qwen3_30b_a3b"]
+        p = expert_gemm("wgrad", layer.experts, 8192, *expert_projections(layer)["down"])
+        table = gmm.picker().table(lambda s: gmm.with_ragged(p, s), True)
+        print(json.dumps({"ranges": len(table), "xgboost": "xgboost" in sys.modules}))
+        """))
+    assert out == {"ranges": out["ranges"], "xgboost": False} and out["ranges"] > 1
+
+
+def test_picks_the_file_keeps_come_first_the_model_answers_the_rest(tmp_path):
+    p, other = GroupedProblem(8, 1024, 4096, 7168), GroupedProblem(8, 2048, 4096, 7168)
+    model = load_model(None, "sm90", "bf16", "grouped")
+    path = replace(model, known_picks={p.key(): CONFIG}).save(tmp_path / "m.json")
+    assert load_model(path, kind="grouped").known_picks == {p.key(): CONFIG}
+    picker = gmm.Picker(path)
+    assert picker.pick(p) == CONFIG  # the file's, whatever the model would say
+    assert picker.pick(other) == model.picks([other])[0]
 
 
 def test_a_missing_model_runs_aten_with_a_warning(tmp_path, caplog):
@@ -463,3 +498,28 @@ def test_reduced_mode_gives_static_cutetune_op_nodes_their_table():
         torch._dynamo.reset()
     assert f"{gmm.GROUPED_MM_KERNEL}(" in ours and f"table=({M_UNBOUNDED}, 128, 128," in ours
     assert gmm.GROUPED_MM_KERNEL not in aten  # left to the lowering (not installed here)
+
+
+def test_train_cost_model_writes_the_picks_into_a_grouped_model_file(tmp_path, monkeypatch):
+    """--picks-only writes the model's picks for ``moe_rung_problems`` into the file as it is
+    (here three of them); the dense model gets none."""
+    import importlib.util
+    import shutil
+
+    from cutetune.models.artifact import read_picks, shipped_model_path
+
+    spec = importlib.util.spec_from_file_location(
+        "train_cost_model", Path(__file__).resolve().parent.parent / "scripts" /
+        "train_cost_model.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert len(script.moe_rung_problems()) >= 1000
+    few = script.moe_rung_problems()[:3]
+    monkeypatch.setattr(script, "moe_rung_problems", lambda: few)
+    out = tmp_path / "grouped.json"
+    shutil.copy(shipped_model_path(kind="grouped"), out)
+    assert script.main(["--shipped", "grouped", "--picks-only", "--out", str(out)]) == 0
+    model = load_model(out, kind="grouped")
+    assert read_picks(out, kind="grouped") == dict(zip((p.key() for p in few), model.picks(few)))
+    with pytest.raises(SystemExit):
+        script.main(["--shipped", "dense", "--picks-only"])

@@ -42,12 +42,14 @@ class Picker:
     arch/dtype. ``model``: a CostModel, a model file, or None for $CUTETUNE_GROUPED_MODEL,
     else the shipped one (``settings.grouped_model``), read once, at the first pick or digest,
     so that a compile's cache key names the model its picks come from (``set_model`` for
-    another). Picks are kept; models load on first use."""
+    another). Picks are kept; models load on first use, and not at all where the model file
+keeps the picks asked for (``CostModel.with_picks``)."""
 
     def __init__(self, model=None) -> None:
         self.model = model
         self.picks_: dict[GroupedProblem, KernelConfig | None] = {}
         self.models_: dict[tuple[str, str], object] = {}
+        self.known_: dict[tuple[str, str], dict] = {}  # the picks each model file keeps
         self.source_: tuple | None = None  # (model or file or None: the packaged ones,)
         self.digest_: str | None = None
 
@@ -76,14 +78,33 @@ class Picker:
         return self.picks_[problem]
 
     def pick_all(self, problems: list[GroupedProblem]) -> None:
-        """Pick for each of ``problems`` not picked yet, each model asked once for them all
-        (``CostModel.picks``)."""
+        """Pick for each of ``problems`` not picked yet: from the picks the model file keeps
+        (``read_picks``: no XGBoost, no prediction), else from the model, asked once for them
+        all (``CostModel.picks``)."""
         todo = [p for p in dict.fromkeys(problems) if p not in self.picks_]
         for arch, dtype in dict.fromkeys((p.arch, p.dtype) for p in todo):
             mine = [p for p in todo if (p.arch, p.dtype) == (arch, dtype)]
-            model = self._model_for(arch, dtype)
+            known = self._known_for(arch, dtype)
+            self.picks_.update((p, known[p.key()]) for p in mine if p.key() in known)
+            mine = [p for p in mine if p.key() not in known]
+            model = self._model_for(arch, dtype) if mine else None
             self.picks_.update(zip(mine, model.picks(mine) if model is not None
                                    else [None] * len(mine)))
+
+    def _known_for(self, arch: str, dtype: str) -> dict:
+        """The picks the model file for ``arch``/``dtype`` keeps; none from a model object or
+        a file that cannot be read (``_model_for`` then says why)."""
+        key = (arch, dtype)
+        if key not in self.known_:
+            from ...models.artifact import ModelError, read_picks
+
+            source = self._source()
+            try:
+                self.known_[key] = {} if hasattr(source, "rank") else read_picks(
+                    source, arch, dtype, "grouped")
+            except ModelError:
+                self.known_[key] = {}
+        return self.known_[key]
 
     def has_model(self, arch: str, dtype) -> bool:
         """Whether there is a model for grouped GEMMs of ``arch`` in ``dtype`` (a torch dtype
