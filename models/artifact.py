@@ -173,6 +173,7 @@ class CostModel:
         """Predicted mode's answer for each problem: its top-1 among the valid configs, or None
         where the fallback prefers ATen; one prediction per booster for them all (a compile
         asks this for every rung of a dynamic size)."""
+        problems = list(problems)
         if not problems:
             return []
         blocks = []
@@ -287,8 +288,12 @@ def read_picks(path: str | os.PathLike | None = None, arch: str = "sm90", dtype:
 
 
 def _picks(d: dict, arch: str) -> dict[str, KernelConfig | None]:
-    return {k: None if c is None else KernelConfig.from_dict(c, arch)
-            for k, c in d.get("picks", {}).items()}
+    """The file's picks that this cutetune's rules still allow (a config the rules now reject
+    is left for the model to replace)."""
+    picks = {k: None if c is None else KernelConfig.from_dict(c, arch)
+             for k, c in d.get("picks", {}).items()}
+    problem = GroupedProblem.from_key if d.get("kind") == "grouped" else GemmProblem.from_key
+    return {k: c for k, c in picks.items() if c is None or not violations(c, arch, problem(k))}
 
 
 def _read(path, arch: str, dtype: str, kind: str) -> tuple[Path, dict]:

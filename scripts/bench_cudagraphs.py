@@ -272,6 +272,7 @@ def main(argv=None) -> int:
         return 0
     if args.merge_only:
         measured = [r for r in measured if r["m"] in args.ms]
+        done = {r["m"] for r in measured}
         measured += [{"m": m, "status": "skipped", "reason": "not run: merged without a GPU"}
                      for m in args.ms if m not in done]
         meta = {"argv": sys.argv[1:] if argv is None else argv, "merged": earlier_metas}

@@ -101,15 +101,16 @@ def gemms(args) -> dict:
                            "routing": routing, "problem": p.key()}
                     tune = (gemm == "fwd" and tokens in MAX_AUTOTUNE_TOKENS
                             and autotuned < args.max_autotune)
-                    autotuned += tune
                     counts = routing_counts(p.experts, tokens * layer.top_k, routing)
                     _guarded(row, lambda: _gemm_row(torch, row, p, counts, pick(p), tune,
                                                     l2, policy))
+                    autotuned += "max_autotune_ms" in row
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     models = args.models.split(",")
-    return {"rows": rows, "complete": len(rows) == (len(models) * len(TOKENS) * len(routings)
-                                                   * 2 * len(GEMMS)),
+    timed = [r for r in rows if "error" not in r]
+    return {"rows": rows, "complete": len(timed) == (len(models) * len(TOKENS) * len(routings)
+                                                    * 2 * len(GEMMS)),
             "host_us_at_128_tokens": _recorded(_host_us, torch), "summary": _gemm_summary(rows),
             "by_routing": {r: _gemm_summary([x for x in rows if x["routing"] == r])
                            for r in routings}}
@@ -262,7 +263,8 @@ def gather(args) -> dict:
         print(json.dumps(row), flush=True)
         rows.append(row)
     ratios = [r["copy_over_gather"] for r in rows if "copy_over_gather" in r]
-    return {"rows": rows, "complete": len(rows) == len(args.models.split(",")) * len(TOKENS),
+    return {"rows": rows, "complete": sum("error" not in r for r in rows)
+            == len(args.models.split(",")) * len(TOKENS),
             "copy_over_gather_geomean": _geomean(ratios) if ratios else None,
             "copy_over_gather_min": min(ratios, default=None)}
 

@@ -253,16 +253,16 @@ def gpu_kernels(torch, step, steps: int = 5, top: int = 12, host: bool = False) 
     from torch.profiler import ProfilerActivity, profile
 
     out = {}
-    if host:
-        issue = []
-        for _ in range(steps):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            step()
-            issue.append(time.perf_counter() - t0)
-        torch.cuda.synchronize()
-        out["host_ms"] = 1e3 * float(np.median(issue))
     try:
+        if host:
+            issue = []
+            for _ in range(steps):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                step()
+                issue.append(time.perf_counter() - t0)
+            torch.cuda.synchronize()
+            out["host_ms"] = 1e3 * float(np.median(issue))
         with profile(activities=[ProfilerActivity.CUDA]
                      + ([ProfilerActivity.CPU] if host else [])) as prof:
             for _ in range(steps):

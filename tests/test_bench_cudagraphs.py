@@ -136,7 +136,8 @@ def test_merge_only_joins_calls_without_a_gpu_the_later_file_winning(tmp_path, c
     assert res["targets"]["predicted_step_over_best_ratio"]["checked"] == 2
     assert bench.main(["--merge-only", "--resume", str(first), "--ms", "16", "--out",
                        str(out)]) == 0  # the files' Ms of --ms only
-    assert [r["m"] for r in json.loads(out.read_text())["cudagraphs"]] == [16]
+    merged = json.loads(out.read_text())
+    assert [r["m"] for r in merged["cudagraphs"]] == [16] and merged["meta"]["complete"]
 
 
 def test_gputime_variants_compile_with_the_host_cost_rules_off():

@@ -319,3 +319,6 @@ def test_relative_error_differences_a_slice_at_a_time(monkeypatch):
     assert timing.relative_error(got, ref, norm) == pytest.approx(whole, rel=1e-6)
     got[4, 2, 3] = float("nan")
     assert math.isnan(timing.relative_error(got, ref, norm))
+    zero = torch.zeros(2, 3)  # as a tensor's division by a zero norm
+    assert math.isnan(timing.relative_error(zero, zero, torch.tensor(0.0)))
+    assert timing.relative_error(zero + 1, zero, torch.tensor(0.0)) == math.inf

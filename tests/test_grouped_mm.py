@@ -142,13 +142,16 @@ def test_the_shipped_file_keeps_its_models_picks_and_a_compile_reads_them_withou
 
 
 def test_picks_the_file_keeps_come_first_the_model_answers_the_rest(tmp_path):
-    p, other = GroupedProblem(8, 1024, 4096, 7168), GroupedProblem(8, 2048, 4096, 7168)
+    """A kept pick answers its problem whatever the model would say; another problem, or one
+    whose kept pick the rules now reject (split-K on a grouped GEMM), gets the model's."""
+    p, other, stale = (GroupedProblem(8, m, 4096, 7168) for m in (1024, 2048, 4096))
     model = load_model(None, "sm90", "bf16", "grouped")
-    path = replace(model, known_picks={p.key(): CONFIG}).save(tmp_path / "m.json")
+    path = replace(model, known_picks={p.key(): CONFIG, stale.key(): replace(CONFIG, split_k=2)}
+                   ).save(tmp_path / "m.json")
     assert load_model(path, kind="grouped").known_picks == {p.key(): CONFIG}
     picker = gmm.Picker(path)
-    assert picker.pick(p) == CONFIG  # the file's, whatever the model would say
-    assert picker.pick(other) == model.picks([other])[0]
+    assert picker.pick(p) == CONFIG
+    assert [picker.pick(other), picker.pick(stale)] == model.picks([other, stale])
 
 
 def test_a_missing_model_runs_aten_with_a_warning(tmp_path, caplog):

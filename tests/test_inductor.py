@@ -2035,14 +2035,16 @@ def _compiled_code(fn, args, graphs: bool, arch="sm90") -> tuple[torch.Tensor, s
 
 
 def _gemm_forms(m: int, dtype):
-    """A linear with a residual add (addmm after Inductor's post-grad passes) under a relu
-    (mm), and a batched product (bmm), each with ``m`` rows."""
+    """A linear under a relu (mm), with a residual add (addmm after Inductor's post-grad
+    passes), a batched product (bmm), and an addmm with its own beta and alpha, each with
+    ``m`` rows."""
     g = torch.Generator().manual_seed(0)
     w, r = torch.randn(48, 64, generator=g).to(dtype), torch.randn(m, 48, generator=g).to(dtype)
     x, q, k = (torch.randn(*s, generator=g).to(dtype) for s in ((m, 64), (3, m, 64), (3, 64, 8)))
 
     def fn(x, q, k):
-        return torch.relu(x @ w.t()), x @ w.t() + r, torch.bmm(q, k)
+        return (torch.relu(x @ w.t()), x @ w.t() + r, torch.bmm(q, k),
+                torch.addmm(r, x, w.t(), beta=0.5, alpha=2.0))
 
     return fn, (x, q, k)
 
@@ -2050,12 +2052,13 @@ def _gemm_forms(m: int, dtype):
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 def test_gemv_pass_turns_one_row_gemms_into_reductions_under_cuda_graphs(dtype, caplog):
     """Under CUDA graphs one-row mm, addmm and bmm leave the extern GEMMs for fused
-    reductions, computed in fp32; two rows, no graphs, or a device quack does not serve keep
-    them (on the CPU Inductor itself lowers a one-row bmm without an extern kernel)."""
+    reductions, computed in fp32, but an addmm that scales its terms; two rows, no graphs, or
+    a device quack does not serve keep them (on the CPU Inductor itself lowers a one-row bmm
+    without an extern kernel). Every result stays right."""
     caplog.set_level(logging.INFO, logger="cutetune.tuner.inductor")
     fn, args = _gemm_forms(1, dtype)
     outs, code = _compiled_code(fn, args, graphs=True)
-    assert not re.search(r"extern_kernels\.\w+\(", code)
+    assert re.findall(r"extern_kernels\.(\w+)\(", code) == ["addmm"]  # its own beta, alpha
     assert sum("as a GEMV reduction" in r.getMessage() for r in caplog.records) == 3
     for out, ref in zip(outs, fn(*args)):
         assert _rel_err(out, ref) < 1e-2

@@ -129,7 +129,8 @@ def prepare_grouped_kernels(kernels) -> None:
 def post_grad_pass(factory: ChoicesFactory, user_pass, fuse_swiglu: bool):
     """The grouped GEMM pass, after the SwiGLU fusion (``fuse_swiglu``), after the one-row
     GEMVs (a GEMV leaves no mm to fuse), after the user's pass."""
-    gemv = GemvPass(f"{factory.mode}:{factory.code}", problems.device_arch, user_pass)
+    gemv = GemvPass(f"{factory.mode}:{factory.code}",
+                    lambda device: problems.device_arch(device), user_pass)
     return grouped_pass(factory, swiglu_fusion_pass(factory, gemv) if fuse_swiglu else gemv)
 
 

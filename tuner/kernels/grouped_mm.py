@@ -43,7 +43,7 @@ class Picker:
     else the shipped one (``settings.grouped_model``), read once, at the first pick or digest,
     so that a compile's cache key names the model its picks come from (``set_model`` for
     another). Picks are kept; models load on first use, and not at all where the model file
-keeps the picks asked for (``CostModel.with_picks``)."""
+    keeps the picks asked for (``CostModel.with_picks``)."""
 
     def __init__(self, model=None) -> None:
         self.model = model

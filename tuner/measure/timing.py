@@ -162,7 +162,10 @@ def relative_error(got, ref, ref_norm) -> float:
     step = max(1, ERROR_CHUNK_BYTES // (4 * ref[0].numel() or 1))
     sq = sum(float(torch.linalg.vector_norm(got[i:i + step] - ref[i:i + step])) ** 2
              for i in range(0, ref.shape[0], step))
-    return math.sqrt(sq) / float(ref_norm)
+    norm = float(ref_norm)
+    if norm == 0.0:  # as a tensor's division: NaN for 0/0, else inf
+        return math.nan if sq == 0.0 or math.isnan(sq) else math.inf
+    return math.sqrt(sq) / norm
 
 
 def time_launches(fn, buf: ProblemBuffers, policy: TimingPolicy) -> tuple[list[float], float]:
