@@ -11,8 +11,8 @@ kind refuses to rank a problem of the other: each kind has its own file
 
 A file may also keep the model's own picks for the problems a compile will ask about
 (``CostModel.with_picks``; the shipped grouped model's, for the MoE shapes), which
-``read_picks`` returns without loading a booster: XGBoost's import alone took longer than a
-compile's grouped picks.
+``read_picks`` returns without loading a booster, so that a compile asking only for those
+needs neither the boosters nor XGBoost.
 
 Since format version 2 the file carries a checksum of all its bytes (``cutetune.artifacts``),
 checked before XGBoost sees a booster: XGBoost's loader trusts its input, and a changed
