@@ -143,25 +143,23 @@ class Picker:
         ``problem_at(size)`` is the problem at that ragged size (ProblemError: ATen).
         ``kernels``, a dict if given, gets each picked config with a problem it was picked
         for (one kernel serves every size)."""
-        def pick_at(size: int) -> KernelConfig | None:
+        problems = {}  # size -> its problem, for the sizes quack can run
+        for size in RAGGED_RUNGS if dynamic else (total,):
             try:
-                problem = problem_at(size)
+                problems[size] = problem_at(size)
             except ProblemError:
-                return None
-            config = self.pick(problem)
+                pass
+        self.pick_all(list(problems.values()))  # every size's at once
+
+        def pick_at(size: int) -> KernelConfig | None:
+            problem = problems.get(size)
+            config = None if problem is None else self.picks_[problem]
             if config is not None and kernels is not None:
                 kernels.setdefault(config, problem)
             return config
 
         if not dynamic:
             return ((M_UNBOUNDED, pick_at(total)),)
-        valid = []
-        for size in RAGGED_RUNGS:
-            try:
-                valid.append(problem_at(size))
-            except ProblemError:
-                pass
-        self.pick_all(valid)  # every rung's at once; m_ranges then reads them
         return m_ranges(pick_at, RAGGED_RUNGS)
 
 

@@ -159,7 +159,7 @@ def relative_error(got, ref, ref_norm) -> float:
     of fp32 difference each; NaN where ``got`` holds one)."""
     import torch
 
-    step = max(1, ERROR_CHUNK_BYTES // (4 * ref[0].numel() or 1))
+    step = max(1, ERROR_CHUNK_BYTES // (4 * (ref.numel() // max(ref.shape[0], 1)) or 1))
     sq = sum(float(torch.linalg.vector_norm(got[i:i + step] - ref[i:i + step])) ** 2
              for i in range(0, ref.shape[0], step))
     norm = float(ref_norm)
