@@ -198,7 +198,7 @@ class CostModel:
         """This model with ``picks`` of ``problems`` kept, to be written into its file."""
         problems = list(problems)
         return replace(self, known_picks=dict(zip((p.key() for p in problems),
-                                                  self.picks(problems))), _spaces={})
+                                                  self.picks(problems))))
 
     def aten_margin(self, problem, configs=None, top1_ms: float | None = None) -> float:
         """The fallback's quantile of log(t_top1 / t_ATen), top-1 among ``configs`` (None: the
@@ -241,9 +241,12 @@ class CostModel:
             d["timer_weight"] = self.timer_weight
         if self.fallback is not None:
             d["fallback"] = self.fallback.to_dict()
-        if self.known_picks:
-            d["picks"] = {k: None if c is None else c.to_dict()
-                          for k, c in sorted(self.known_picks.items())}
+        if self.known_picks:  # each config once, each problem its index (None: ATen)
+            configs = list(dict.fromkeys(c for c in self.known_picks.values() if c is not None))
+            index = {c: i for i, c in enumerate(configs)}
+            d["picks"] = {"configs": [c.to_dict() for c in configs],
+                          "by_problem": {k: None if c is None else index[c]
+                                         for k, c in sorted(self.known_picks.items())}}
         return d
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -290,8 +293,9 @@ def read_picks(path: str | os.PathLike | None = None, arch: str = "sm90", dtype:
 def _picks(d: dict, arch: str) -> dict[str, KernelConfig | None]:
     """The file's picks that this cutetune's rules still allow (a config the rules now reject
     is left for the model to replace)."""
-    picks = {k: None if c is None else KernelConfig.from_dict(c, arch)
-             for k, c in d.get("picks", {}).items()}
+    kept = d.get("picks", {})
+    configs = [KernelConfig.from_dict(c, arch) for c in kept.get("configs", [])]
+    picks = {k: None if i is None else configs[i] for k, i in kept.get("by_problem", {}).items()}
     problem = GroupedProblem.from_key if d.get("kind") == "grouped" else GemmProblem.from_key
     return {k: c for k, c in picks.items() if c is None or not violations(c, arch, problem(k))}
 

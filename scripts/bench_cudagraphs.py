@@ -22,7 +22,7 @@ Inductor's FX-graph and AOTAutograd caches are off, so that no mode loads anothe
 max-autotune's second compile reuses its benchmark. The result file is rewritten after
 each M with what is done; an M that the --budget-s cannot cover is recorded as skipped.
 
-  python scripts/bench_cudagraphs.py --out data/bench/cudagraphs_small_m_h200.json
+  python scripts/bench_cudagraphs.py --out data/bench/cudagraphs_small_m_h200.json.gz
       [--ms 1 16 128 256 4 64] [--layers 2] [--rounds 10] [--budget-s 470] [--resume FILE...]
       [--rerun M...]
   python scripts/bench_cudagraphs.py --plan      # what would run, no GPU
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
 import os
 import sys
@@ -50,6 +51,7 @@ import numpy as np
 from benchlib import (HIDDEN, INTER, KV, LIMITS, compiled_step, gpu_kernels, interleaved,
                       kernel_counts, limit_check, mode_installation, run_and_capture_code,
                       time_calls, wait_for_helpers)
+from cutetune.artifacts import write_artifact
 
 MS = (1, 16, 128, 256, 4, 64)  # spread first: a budget cut leaves the range covered
 MODES = ("default", "max-autotune", "predicted", "reduced")
@@ -236,17 +238,18 @@ def resumed(paths: list[Path] | None) -> tuple[list[dict], list[dict]]:
     kept, metas = {}, []
     for path in paths or ():
         try:
-            earlier = json.loads(path.read_text())
+            raw = path.read_bytes()
+            earlier = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
             kept.update((r["m"], r) for r in earlier["per_m"] if r.get("status") == "ok")
             metas.append(earlier["meta"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise SystemExit(f"--resume {path}: not a bench_cudagraphs.py result file ({e})")
     return list(kept.values()), metas
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("data/bench/cudagraphs_small_m_h200.json"))
+    ap.add_argument("--out", type=Path, default=Path("data/bench/cudagraphs_small_m_h200.json.gz"))
     ap.add_argument("--ms", type=int, nargs="+", default=list(MS))
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=10)
@@ -330,15 +333,13 @@ def main(argv=None) -> int:
 
 
 def _write(args, meta: dict, measured: list[dict], started: float, done: set) -> dict:
-    """Write the report of ``measured`` to ``args.out`` (atomically) and return it."""
+    """Write the report of ``measured`` to ``args.out`` (atomically; gzipped where it ends in
+    .gz) and return it."""
     meta["total_s"] = round(time.perf_counter() - started, 1)
     meta["complete"] = len(measured) == len(set(args.ms) | done) and all(
         r["status"] == "ok" for r in measured)
     res = report(meta, measured)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(res, indent=1))
-    tmp.replace(args.out)
+    write_artifact(args.out, json.dumps(res, indent=1), "benchmark result")
     return res
 
 

@@ -32,8 +32,8 @@
 #   compile_ab     scripts/compile_time_ab.py: the compile helper against quack's compile pool
 #                  -> $OUT/compile_time_ab_h200.json
 #   cudagraphs     scripts/bench_cudagraphs.py: small M with and without CUDA graphs
-#                  -> $OUT/cudagraphs_small_m_h200.json; resumes from the checkout's
-#                  data/bench/cudagraphs_small_m_h200.json where there is one (an earlier
+#                  -> $OUT/cudagraphs_small_m_h200.json.gz; resumes from the checkout's
+#                  data/bench/cudagraphs_small_m_h200.json.gz where there is one (an earlier
 #                  call's, copied there), so that the M grid can span calls; the Ms in
 #                  $CG_RERUN (say "1") are timed again
 # Data and quack's kernel cache live under /tmp so they survive between calls on one warm
@@ -119,8 +119,8 @@ for stage in "$@"; do
       python scripts/compile_time_ab.py --repeats 2 --variants helper quack_pool \
         --out "$OUT/compile_time_ab_h200.json" 2>&1 | tail -n 15 ;;
     cudagraphs)
-      CG=data/bench/cudagraphs_small_m_h200.json
-      python scripts/bench_cudagraphs.py --out "$OUT/cudagraphs_small_m_h200.json" \
+      CG=data/bench/cudagraphs_small_m_h200.json.gz
+      python scripts/bench_cudagraphs.py --out "$OUT/cudagraphs_small_m_h200.json.gz" \
         --budget-s "$(left 60)" $([ -f $CG ] && echo --resume $CG) \
         $([ -n "${CG_RERUN:-}" ] && echo --rerun $CG_RERUN) 2>&1 | tail -n 30 ;;
     repeat)

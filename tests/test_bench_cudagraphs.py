@@ -138,6 +138,10 @@ def test_merge_only_joins_calls_without_a_gpu_the_later_file_winning(tmp_path, c
                        str(out)]) == 0  # the files' Ms of --ms only
     merged = json.loads(out.read_text())
     assert [r["m"] for r in merged["cudagraphs"]] == [16] and merged["meta"]["complete"]
+    packed = tmp_path / "all.json.gz"  # gzipped where the name says so, and resumed from
+    assert bench.main(["--merge-only", "--resume", str(out), "--ms", "16", "--out",
+                       str(packed)]) == 0
+    assert [r["m"] for r in bench.resumed([packed])[0]] == [16]
 
 
 def test_gputime_variants_compile_with_the_host_cost_rules_off():

@@ -175,7 +175,7 @@ class GemvPass(ChainedPass):
     ``coordinate_descent_tuning`` on, as mode="max-autotune" has it. Inductor then fuses each
     GEMV into a reduction kernel with its neighbours (RMSNorm, residual adds, SwiGLU's
     product, attention's softmax), which no GEMM choice can do; under graphs fewer kernels
-    also replay faster (data/bench/cudagraphs_small_m_h100.json at M=1). Without graphs it
+    also replay faster (data/bench/cudagraphs_small_m_h100.json.gz at M=1). Without graphs it
     stays: there a GEMM's choice weighs the host (``decisions.host_bound_us``)."""
 
     NAME = "cutetune-gemv"
