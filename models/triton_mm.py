@@ -3,7 +3,7 @@ when a graph's such GEMMs should take it.
 
 A GEMM too small to cover a quack launch's host time stays with Inductor; where it is also
 memory-bound, Inductor's Triton mm template can run the step faster than ATen: its launch
-costs the host less and it takes the pointwise epilogue (data/bench/step_h200.json). Reduced
+costs the host less and it takes the pointwise epilogue (data/bench/step_h200.json.gz). Reduced
 mode benchmarks the template's configs; predicted mode may not, so it needs one config chosen in
 advance. The configs come from Inductor's own timings of every Triton config it offers per
 shape (scripts/triton_mm_sweep.py). Inductor sizes BLOCK_M from next_pow2(M) (at least 16), so
@@ -50,7 +50,7 @@ QUACK_CONFIG = "quack_config"
 NARROW_N = 2048
 # The largest M whose step times say how fast the host issues launches: the Triton table serves
 # M buckets up to 256 (scripts/triton_mm_sweep.py), and from M=1024 the benchmark's steps are
-# GPU-bound, their host time the launch queue filling up (data/bench/step_h200.json: per-launch
+# GPU-bound, their host time the launch queue filling up (data/bench/step_h200.json.gz: per-launch
 # host times up to 2.4x the median).
 STEP_HOST_MAX_M = 256
 
@@ -272,7 +272,7 @@ def gpu_features(problem: GemmProblem, config: ConfigKey) -> list[float]:
     of each tile, drawn out where few tiles share the GPU: Inductor's template has no
     split-K)]. Linear in these, the GPU times of each model family, fitted without it, come
     within 6 % (ATen) and 16 % (the picks) in root-mean-square log error
-    (``gpu_time_model_heldout_family`` in data/reports/triton_mm_h200_bf16.json)."""
+    (``gpu_time_model_heldout_family`` in data/reports/triton_mm_h200_bf16.json.gz)."""
     device = device_for(problem.arch)
     tiles = (problem.batch * math.ceil(problem.m / config[0]) * math.ceil(problem.n / config[1]))
     return [1.0, ideal_time_s(problem, device) * 1e6,

@@ -24,7 +24,7 @@ Also the host overhead of one tiny GEMM launch: torch.mm vs cutetune's launcher.
 With --rounds N every (M, mode, kernel cache) runs N times, the rounds one after another so
 that a drift of the host hits every mode alike; a check compares the runs of one round and
 takes the median over rounds (one fresh process's compile time differed from the next by up to
-4 s at M <= 16 on one host: data/bench/e2e_h200_1gpu_small5.json, default at M 16 and 1).
+4 s at M <= 16 on one host: data/bench/e2e_h200_1gpu_small5.json.gz, default at M 16 and 1).
 
 The GPU run keeps to --budget-s (default 460 s): a measurement whose expected duration would
 cross it is skipped and recorded as such.
@@ -224,7 +224,7 @@ def overhead_worker(spec: dict) -> dict:
     with one (wall us/call), for torch.mm, torch.mm again once quack is imported, cutetune's
     launcher with a fixed config, and torch.mm once more: whether quack's import or launches
     slow down the host side of everything after them (on the H200 they did not: 16.2, 11.2 and
-    10.0 us for torch.mm in data/bench/e2e_h200_1gpu.json)."""
+    10.0 us for torch.mm in data/bench/e2e_h200_1gpu.json.gz)."""
     import torch
 
     from cutetune.space.config import quack_default_config

@@ -67,10 +67,10 @@ def workload_classes(torch):
 
 
 # Calls run before timing, at least this long: the first timed runs (M=16, same three ATen
-# GEMMs in two processes: 192 vs 104 us in data/bench/e2e_h200.json) came right after compile,
+# GEMMs in two processes: 192 vs 104 us in data/bench/e2e_h200.json.gz) came right after compile,
 # three calls in, and disagreed far beyond noise.
 WARMUP_S = 0.5
-# Each timed batch of calls lasts about this long (data/bench/e2e_h200.json timed 10 batches of
+# Each timed batch of calls lasts about this long (data/bench/e2e_h200.json.gz timed 10 batches of
 # ~2 ms, and identical kernels differed by up to 16 % at M >= 1024 between processes).
 BATCH_S = 10e-3
 

@@ -4,7 +4,7 @@ issue's step-time targets checked on them.
 
 bench_e2e.py compiles each mode in its own fresh process (it must, for compile times) and times
 the step there. At small M the steps are host-bound, and there the same ATen code ran up to
-1.4x slower in one process than in another (data/bench/e2e_h200_1gpu.json), while the two,
+1.4x slower in one process than in another (data/bench/e2e_h200_1gpu.json.gz), while the two,
 timed side by side in one process, agreed within 0.1 % (data/bench/step_ab_h200_reduced_mlp_m16
 .json). So step times are compared here: each mode's compile of the workload (a function with
 its own code object, static shapes) in one process, then rounds that time every mode and eager

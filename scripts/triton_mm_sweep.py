@@ -2,7 +2,7 @@
 """Inductor's own benchmark of ATen and every Triton mm config it offers, per small-M shape.
 
 cutetune leaves host-bound GEMMs to Inductor; where they are also memory-bound, max-autotune's
-Triton templates ran the step up to 1.5x faster than ATen (data/bench/step_h200.json), and
+Triton templates ran the step up to 1.5x faster than ATen (data/bench/step_h200.json.gz), and
 predicted mode may not benchmark. `models/triton_mm.py` learns from these timings one config
 per M bucket and N width, to offer without benchmarking. Each shape is a torch.mm compiled under
 max-autotune (ATEN,TRITON) with Inductor's caches off; a feedback saver records the timings

@@ -26,7 +26,7 @@ def _script(name: str):
 # finds it on sys.path): loaded by path, under that name, before any script.
 benchlib = sys.modules["benchlib"] = _script("benchlib")
 bench = _script("bench_e2e")
-COMMITTED = REPO / "data" / "bench" / "e2e_h200.json"
+COMMITTED = REPO / "data" / "bench" / "e2e_h200.json.gz"
 
 
 def _part(runs, digest="d", overhead=True):
@@ -50,7 +50,7 @@ def test_merge_replaces_skipped_runs_with_later_parts_and_checks_heuristics():
 
 
 def test_committed_h200_result_is_complete_and_its_targets_follow_from_its_runs():
-    res = json.loads(COMMITTED.read_text())
+    res = json.loads(gzip.decompress(COMMITTED.read_bytes()))
     assert res["meta"]["ms"] == list(bench.MS)
     kinds = {(r["mode"], r["kernel_cache"]) for r in res["runs"] if r["status"] == "ok"}
     assert kinds == {("default", None), ("max-autotune", None), ("predicted", "cold"),
@@ -63,7 +63,7 @@ def test_committed_h200_result_is_complete_and_its_targets_follow_from_its_runs(
 
 
 def test_single_h200_result_is_complete_and_its_targets_follow_from_its_runs():
-    res = json.loads((REPO / "data" / "bench" / "e2e_h200_1gpu.json").read_text())
+    res = json.loads(gzip.decompress((REPO / "data" / "bench" / "e2e_h200_1gpu.json.gz").read_bytes()))
     ok = [r for r in res["runs"] if r["status"] == "ok"]
     assert res["meta"]["ms"] == [1, 16, 128, 1024] and len(ok) == 6 * 4
     assert res["targets"] == json.loads(json.dumps(bench.targets(res)))
@@ -335,11 +335,11 @@ def test_compile_phases_are_those_since_dynamos_reset():
     assert "_compile.compile_inner" not in bench._compile_phases(floor_s=0.0)
 
 
-@pytest.mark.parametrize("name, runs", [("e2e_h200_1gpu_rounds.json", 18),
-                                        ("e2e_h200_1gpu_rounds_r2.json", 18),
-                                        ("e2e_h200_1gpu_rounds128.json", 8)])
+@pytest.mark.parametrize("name, runs", [("e2e_h200_1gpu_rounds.json.gz", 18),
+                                        ("e2e_h200_1gpu_rounds_r2.json.gz", 18),
+                                        ("e2e_h200_1gpu_rounds128.json.gz", 8)])
 def test_committed_rounds_results_follow_from_their_runs(name, runs):
-    res = json.loads((REPO / "data" / "bench" / name).read_text())
+    res = json.loads(gzip.decompress((REPO / "data" / "bench" / name).read_bytes()))
     ok = [r for r in res["runs"] if r["status"] == "ok"]
     assert {r["round"] for r in ok} == {0, 1, 2} and len(ok) == runs
     assert res["targets"] == json.loads(json.dumps(bench.targets(res)))

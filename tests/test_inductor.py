@@ -362,7 +362,7 @@ def test_decide_keeps_aten_for_gemms_shorter_than_a_quack_launch():
     ceiling) and M=1024 (43.5 us), the MLP's at M=1 (27.3 us); the MLP at M=1024 (152 us) and
     the projections at M=4096 (174 us) are not. Reduced mode adds Triton templates where the
     GEMM is memory-bound: at M=1, not at M=1024, where they made the attention step slower
-    (data/bench/step_h200_hostbound.json)."""
+    (data/bench/step_h200_hostbound.json.gz)."""
     fake, limit = FakeHeuristics(), idec.QUACK_LAUNCH_HOST_US
     for mode, k in (("predicted", 1), ("reduced", 5)):
         for p, ideal, memory_bound in ((P(1, 4096, 4096), "7.8", True),

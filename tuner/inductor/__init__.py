@@ -35,7 +35,7 @@ heuristics' launch costs give them, weighing all such mm of a graph together
 from generated code costs less host time than ATen's extern call, and the template takes the
 node's pointwise epilogue, but on the GPU it mostly runs longer than cuBLAS
 (data/inputs/triton_mm/h200_bf16_retimed_top4.jsonl), and on compute-bound GEMMs much longer
-(data/bench/step_h200_hostbound.json).
+(data/bench/step_h200_hostbound.json.gz).
 
 Under CUDA graphs (Inductor's cudagraphs, i.e. mode="reduce-overhead", or a capture in
 progress) a replay launches nothing from the host: both modes then decide by GPU time alone,

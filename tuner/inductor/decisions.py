@@ -241,7 +241,7 @@ def decide_swiglu(problem: GemmProblem, heuristics, host_bound_us: float,
     GEMM and a pointwise launch of its own instead of Inductor's fused pointwise kernel: there
     a host-bound rung fuses with the heuristics' config, whatever the saved traffic (at M=16
     unfused, the dynamic MLP stepped 1.21x the default's:
-    data/bench/step_dynamic_h200_extern.json). Under CUDA graphs (``host_bound_us`` 0) an up
+    data/bench/step_dynamic_h200_extern.json.gz). Under CUDA graphs (``host_bound_us`` 0) an up
     projection that ran fastest in a Triton template stays unfused: the template takes the
     pointwise product as its epilogue."""
     try:

@@ -140,9 +140,9 @@ def prepare_fused_kernel(problem: GemmProblem, config: KernelConfig) -> None:
     builds it (``swiglu.build_library``; started now in predicted mode), and calls run ATen,
     unfused, until it is built, then launch it without importing quack (in later processes
     too). Nothing waits: on the H200 host the helper's library came 4.1-5.8 s after the
-    compile even forked (data/bench/e2e_h200_1gpu_fork_predicted.json), about what compiling
+    compile even forked (data/bench/e2e_h200_1gpu_fork_predicted.json.gz), about what compiling
     through quack in the process cost the compile, 3.7-6.2 s
-    (data/bench/e2e_h200_1gpu_aot*.json). Without a C
+    (data/bench/e2e_h200_1gpu_aot*.json.gz). Without a C
     compiler to link with, or with quack's disk cache off, the first launch compiles through
     quack here. No import runs in a thread meanwhile: on the H200 host quack's import holds
     the GIL throughout and a thread hid none of it (data/bench/import_probe_h200.json)."""

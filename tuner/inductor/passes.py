@@ -137,7 +137,7 @@ def _patterns(dtype: torch.dtype) -> tuple:
     """The post-grad patterns of both operand orders in ``dtype`` (silu's decomposition casts
     to fp32 and back, so the dtype may be part of the pattern): traced for the dtypes a graph
     holds, once per process (0.02-0.06 s for both orders in the H200 benchmark's compiles, the
-    fusion pass's log lines in data/bench/e2e_h200_1gpu_aot*.json)."""
+    fusion pass's log lines in data/bench/e2e_h200_1gpu_aot*.json.gz)."""
     from torch._inductor.pattern_matcher import fwd_only, gen_pattern
 
     t0 = time.perf_counter()
@@ -251,7 +251,7 @@ class SwigluFusionPass(ChainedPass):
     host time cannot spare (in one process on the H200 the Llama-3-8B MLP's step at M 1, 16
     and 128 issued in 13-25 us less host time that way, and ran 0.83x the fused step's at
     M=16, host-bound, against 1.05x at M=1, where the GPU bound it:
-    data/bench/step_h200_unfused.json)."""
+    data/bench/step_h200_unfused.json.gz)."""
 
     NAME = "cutetune-swiglu"
 

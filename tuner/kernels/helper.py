@@ -11,7 +11,7 @@ under the kernel's exclusive file lock and exports the object file, which this p
 launch of the config loads through quack, about 1 ms). Before a node's benchmark, Inductor's
 preprocessing hook (``inductor.await_prefetched``) waits for that node's kernels still being
 built: left to itself, this process reached most kernels before the workers had started and
-compiled them one by one (7 of 8 at M=16 in data/bench/e2e_h200_recheck.json). A kernel built
+compiled them one by one (7 of 8 at M=16 in data/bench/e2e_h200_recheck.json.gz). A kernel built
 already is not waited for: the helper reports it only once its own imports are done, which
 cost a warm compile 8-14 s on the H200 host (data/reports/gpu/h200_1gpu/session.log, call a
 against call c). A kernel whose worker failed or timed out is compiled here as before, so a
@@ -23,7 +23,7 @@ helper is forked from this process (``_ForkedHelper``) and fed over a pipe: it i
 this process has imported (torch, and Inductor if forked after it), and imports cutlass and
 quack. A fresh interpreter took 13.5-15.7
 s on the H200 host just to reach that point (loading torch's CUDA libraries, then cutlass and
-quack: data/bench/helper_probe_h200.json), longer than max-autotune's whole compile of the
+quack: data/bench/helper_probe_h200.json.gz), longer than max-autotune's whole compile of the
 benchmark's MLP. The helper never touches the GPU (quack's GPU-blind compile set-up), so the
 parent's CUDA context, which a fork cannot share, does not matter to it; nothing of the user's
 ``__main__`` runs in it. ``enable(mode="reduced")`` starts it so it loads while Dynamo traces;
@@ -64,7 +64,7 @@ from .problems import TORCH_DTYPE_OF
 # A helper that has not imported quack by then is taken for hung (a fork can inherit a lock that
 # another thread of this process held) and stopped: its kernels fail, so their callers build
 # them themselves instead of waiting. Forked, it imported in 2.5-4.2 s on the H200 host
-# (data/bench/helper_probe_h200_fork*.json).
+# (data/bench/helper_probe_h200_fork*.json.gz).
 START_TIMEOUT_S = 60.0
 # A build still running after this long is killed and reported failed (the slowest of all 1200
 # sm90 kernels compiled in 6.2 s on the H200 host:

@@ -4,7 +4,7 @@ importing quack or cutlass.
 In reduced mode the compile helper builds each prefetched plain mm kernel as a library: Inductor's
 benchmark and the compiled model then load it in milliseconds, where quack's path cost the
 compiling process quack's import (2.5-4.2 s on the H200 host, ``launcher_log`` in
-data/bench/e2e_h200_1gpu_fork*.json), on the critical path of a compile whose kernels were all
+data/bench/e2e_h200_1gpu_fork*.json.gz), on the critical path of a compile whose kernels were all
 built. The library holds the kernel quack's ``_gemm_execute`` would compile for the call, built
 through that same entry point (``launcher``'s) on CPU tensors with the launch left out, so the
 two cannot disagree on the compiled signature or the launch arguments.

@@ -5,7 +5,7 @@ fused, a kernel still being built, a call the kernel cannot take), it has the up
 ``out`` and the gate product beside it. Eager ``out.mul_(F.silu(gate))`` is two kernels that
 move 5*M*N elements (silu reads the gate and writes a temporary, the product reads both and
 writes ``out``); Inductor's pointwise kernel for the unfused graph moves 3*M*N. On the H200 the
-difference cost a dynamic-M MLP 3.8 % of its step at M=1024 (data/bench/step_dynamic_h200.json).
+difference cost a dynamic-M MLP 3.8 % of its step at M=1024 (data/bench/step_dynamic_h200.json.gz).
 This Triton kernel moves 3*M*N, in fp32 arithmetic with one rounding, as Inductor's does.
 Triton compiles it at its first launch in a process (from its disk cache after the first); a
 CUDA-graph capture, where nothing should compile, runs eager ATen until it has.
