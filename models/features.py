@@ -10,6 +10,7 @@ only adds the problem columns and the derived features.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,8 +20,10 @@ from ..space.enumerate import enumerate_configs
 from ..space.features import config_columns
 from ..space.rules import family_of, family_rules
 
-from .data import Measurements
 from .kinds import DENSE, ProblemKind, kind_of
+
+if TYPE_CHECKING:  # a model loads without the dataset's reader (pyarrow: seconds, cold)
+    from .data import Measurements
 
 
 def dataset_features(data: Measurements, device: DeviceSpec) -> np.ndarray:
