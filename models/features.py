@@ -22,7 +22,7 @@ from ..space.rules import family_of, family_rules
 
 from .kinds import DENSE, ProblemKind, kind_of
 
-if TYPE_CHECKING:  # a model loads without the dataset's reader (pyarrow: seconds, cold)
+if TYPE_CHECKING:  # a model loads without the dataset's reader (pyarrow), which a compile would pay
     from .data import Measurements
 
 

@@ -113,7 +113,7 @@ def static_ints(values, what: str) -> tuple[int, ...]:
     ProblemError when one is symbolic."""
     out = []
     for v in values:
-        if getattr(v, "is_Integer", False):  # a sympy integer (no sympy import: 0.5 s eager)
+        if getattr(v, "is_Integer", False):  # a sympy integer, told without importing sympy
             v = int(v)
         if not isinstance(v, int):
             raise ProblemError(f"{what} {tuple(values)} are symbolic")
