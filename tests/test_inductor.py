@@ -11,7 +11,6 @@ import math
 import os
 import pickle
 import re
-import statistics
 import textwrap
 import time
 from dataclasses import replace
@@ -189,27 +188,6 @@ def test_a_version_1_file_or_a_directory_gets_a_clear_error(tmp_path):
 def test_missing_file_says_how_to_make_one(tmp_path):
     with pytest.raises(FileNotFoundError, match="cutetune emit"):
         Heuristics.load(tmp_path / "none.json")
-
-
-def test_load_and_lookup_are_fast_at_full_size(tmp_path):
-    """The compile-time budget: load < 100 ms, lookup < 100 us (default grid, top-8)."""
-    h = hz.build(FakeModel(), "sm90", "bf16", grid=Grid())
-    path = h.save(tmp_path / "h.json")
-    loads = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        g = Heuristics.load(path)
-        loads.append(time.perf_counter() - t0)
-    probs = [P(m, n, k) for m in (1, 7 * 8, 999, 4096, 50000) for n in (1024, 14336)
-             for k in (512, 4096, 14336)]
-    t0 = time.perf_counter()
-    reps = 20
-    for _ in range(reps):
-        for p in probs:
-            g.lookup(p)
-    per_lookup = (time.perf_counter() - t0) / (reps * len(probs))
-    assert statistics.median(loads) < 0.1
-    assert per_lookup < 100e-6
 
 
 def test_packaged_heuristics(tmp_path, monkeypatch):
