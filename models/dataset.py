@@ -27,8 +27,12 @@ from ..space.problem import GemmProblem, GroupedProblem
 # 2: grouped (MoE expert) GEMMs: experts, gemm and the rows' split among the experts; the
 # dense columns batch, a_major and b_major are null on their rows. A part of version 1 reads
 # as version 2 with those columns null.
-SCHEMA_VERSION = 2
-ADDED_IN = {2: ("experts", "gemm", "expert_counts")}
+# 3: parts store the STORED_F32 columns as float32 and the timestamp as integer milliseconds
+# (a third fewer bytes: seven digits are far below the timing noise); ``load`` reads every
+# version back in the schema's types.
+SCHEMA_VERSION = 3
+ADDED_IN = {2: ("experts", "gemm", "expert_counts"), 3: ()}
+STORED_F32 = ("compile_s", "time_ms", "time_ms_p20", "time_ms_p80", "rel_err")
 
 PROBLEM_COLUMNS = ("arch", "m", "n", "k", "batch", "dtype", "out_dtype", "a_major", "b_major")
 CONFIG_COLUMNS = tuple(f.name for f in fields(KernelConfig))
@@ -129,20 +133,31 @@ def append(path: str | os.PathLike, rows: list[dict]) -> Path | None:
         raise DatasetError(f"cannot create dataset folder {folder}: {e}") from e
     full = [{**{f.name: None for f in SCHEMA}, "schema_version": SCHEMA_VERSION, **r} for r in rows]
     table = pa.Table.from_pylist(full, schema=SCHEMA)
-    return _write_part(folder, len(list(folder.glob("part-*.parquet"))), table,
-                       compression="zstd")
+    return _write_part(folder, len(list(folder.glob("part-*.parquet"))), table)
 
 
 DIGEST_CHARS = 16  # of the sha256 of a part's bytes, in its name
 
 
-def _write_part(folder: Path, index: int, table: pa.Table, **options) -> Path:
+def _write_part(folder: Path, index: int, table: pa.Table, level: int = 3) -> Path:
     """Write a part atomically (``cutetune.artifacts.write_atomic``): serialized in memory,
     so a full disk is an OutputError naming the part, and no temporary file stays. Its name
     ends in its bytes' digest, which ``load`` checks: a damaged byte anywhere in it is
-    refused, not read as another time."""
+    refused, not read as another time. Stored as version 3 has it (see SCHEMA_VERSION), the
+    floats byte-split and the timestamps delta-coded before zstd at ``level``."""
+    for name in STORED_F32:
+        table = table.set_column(table.schema.get_field_index(name), name,
+                                 table.column(name).cast(pa.float32()))
+    ms = pc.round(pc.multiply(table.column("timestamp"), 1000.0))
+    table = table.set_column(table.schema.get_field_index("timestamp"), "timestamp",
+                             ms.cast(pa.int64()))
+    table = table.set_column(table.schema.get_field_index("schema_version"), "schema_version",
+                             pa.array([SCHEMA_VERSION] * len(table), pa.int16()))
+    coded = {**{n: "BYTE_STREAM_SPLIT" for n in STORED_F32}, "timestamp": "DELTA_BINARY_PACKED"}
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, **options)
+    pq.write_table(table, sink, compression="zstd", compression_level=level,
+                   use_dictionary=[n for n in table.column_names if n not in coded],
+                   column_encoding=coded)
     raw = sink.getvalue().to_pybytes()
     digest = hashlib.sha256(raw).hexdigest()[:DIGEST_CHARS]
     return write_atomic(folder / f"part-{index:06d}-{digest}.parquet", raw, "dataset part")
@@ -233,12 +248,14 @@ def _checked(f: Path, t: pa.Table) -> pa.Table:
         if name not in SCHEMA.names:
             raise DatasetError(f"dataset part {f} has a column {name!r} that is not in the "
                                f"schema of version {SCHEMA_VERSION}")
-        want = SCHEMA.field(name).type
+        want, column = SCHEMA.field(name).type, t.column(name)
+        if name == "timestamp" and pa.types.is_integer(column.type):  # version 3: ms
+            column = pc.divide(column.cast(pa.float64()), 1000.0)
         try:
-            columns.append(t.column(name).cast(want))
+            columns.append(column.cast(want))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
             raise DatasetError(f"dataset part {f}: column {name} has type "
-                               f"{t.column(name).type}, not {want}: {e}") from None
+                               f"{column.type}, not {want}: {e}") from None
     t = pa.table(columns, schema=pa.schema([SCHEMA.field(n) for n in t.column_names]))
     if {"status", "time_ms"} <= set(t.column_names):
         ok = pc.fill_null(pc.equal(t.column("status"), "ok"), False)
@@ -256,11 +273,12 @@ def _checked(f: Path, t: pa.Table) -> pa.Table:
 
 
 def compact(path: str | os.PathLike) -> Path:
-    """Rewrite every part of a dataset as one part (fewer files, better compression)."""
+    """Rewrite every part of a dataset as one part of the current version (fewer files, better
+    compression)."""
     old = parts(path)
     table = load(path)
     folder = Path(path)
-    path = _write_part(folder, 0, table, compression="zstd", compression_level=9)
+    path = _write_part(folder, 0, table, level=19)
     for f in old:
         if f != path:  # a compacted dataset compacts to its own bytes, under its own name
             f.unlink()

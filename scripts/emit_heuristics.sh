@@ -2,15 +2,18 @@
 # The shipped H200 heuristics (cutetune/data/heuristics_sm90_bf16.json.gz) from the shipped cost
 # model and the inputs under data/inputs/: the measured dataset, Inductor's Triton sweep and its
 # retimes, the step reports whose host times the launch costs hedge over, and the SwiGLU
-# benchmarks. data/inputs/ holds exactly what this script and scripts/train_cost_model.py read
-# (tests/test_data_layout.py checks it). Any CPU host (about 3 min on 2 cores); OUT defaults to
-# the shipped file. docs/reproduce.md lists what made each input.
+# benchmarks. Then the fp16 file (heuristics_sm90_fp16.json.gz, OUT16) from the fp16 model and
+# dataset alone: nothing Triton or SwiGLU was measured in fp16. data/inputs/ holds exactly what
+# this script and scripts/train_cost_model.py read (tests/test_data_layout.py checks it). Any
+# CPU host (about 8 min on 2 cores); OUT defaults to the shipped file. docs/reproduce.md lists
+# what made each input.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-cutetune/data/heuristics_sm90_bf16.json.gz}
+OUT16=${2:-cutetune/data/heuristics_sm90_fp16.json.gz}
 I=data/inputs
 S=$I/steps
-cutetune emit --model cutetune/data/cost_model_sm90_bf16.json --dataset $I/h200_bf16 \
+cutetune emit --model cutetune/data/cost_model_sm90_bf16.json.gz --dataset $I/h200_bf16 \
   --triton-sweep $I/triton_mm/h200_bf16.jsonl.gz \
   --triton-retimed $I/triton_mm/h200_bf16_retimed_top4.jsonl \
     $I/triton_mm/h200_bf16_retimed_exh.jsonl \
@@ -25,3 +28,5 @@ cutetune emit --model cutetune/data/cost_model_sm90_bf16.json --dataset $I/h200_
   --swiglu-bench $I/swiglu/swiglu_h200.json $I/swiglu/swiglu_families_h200.json \
     $I/swiglu/swiglu_small_h200.json \
   --out "$OUT"
+cutetune emit --model cutetune/data/cost_model_sm90_fp16.json.gz --dtype fp16 --dataset $I/h200_fp16 \
+  --out "$OUT16"

@@ -1,13 +1,15 @@
-"""Train a shipped cost model on its measured H200 bf16 dataset and write its report.
+"""Train a shipped cost model on its measured H200 dataset and write its report.
 
-    python scripts/train_cost_model.py [--shipped dense|grouped] [DATASET] [--out FILE]
+    python scripts/train_cost_model.py [--shipped dense|fp16|grouped] [DATASET] [--out FILE]
         [--report DIR] [train options]
     python scripts/train_cost_model.py --shipped grouped --picks-only [--out FILE]
 
 Defaults per shipped model (``SHIPPED``): dense, data/inputs/h200_bf16 ->
-cutetune/data/cost_model_sm90_bf16.json and data/reports/model_h200_bf16/; grouped (MoE expert
-GEMMs), data/inputs/h200_bf16_grouped -> cutetune/data/cost_model_sm90_bf16_grouped.json and
-data/reports/model_h200_bf16_grouped/ (report.md, metrics.json, plots). The options are those
+cutetune/data/cost_model_sm90_bf16.json.gz and data/reports/model_h200_bf16/; fp16 (dense),
+data/inputs/h200_fp16 -> cutetune/data/cost_model_sm90_fp16.json.gz and
+data/reports/model_h200_fp16/; grouped (MoE expert GEMMs), data/inputs/h200_bf16_grouped ->
+cutetune/data/cost_model_sm90_bf16_grouped.json.gz and data/reports/model_h200_bf16_grouped/
+(report.md, metrics.json, plots). The options are those
 of `cutetune train`. The grouped model's file then keeps its picks for every MoE model's expert
 GEMMs at every rung of the routed rows (``moe_rung_problems``), which a compile reads without
 loading the model (``grouped_mm.Picker``); ``--picks-only`` writes them into the file as it is.
@@ -26,13 +28,15 @@ from cutetune.space.suites import MOE_MODELS, expert_gemm, expert_projections
 from cutetune.tuner.kernels.grouped_mm import RAGGED_RUNGS
 
 
-# shipped model -> (dataset, model file, report folder)
+# shipped model -> (dataset, model file, report folder, kind)
 SHIPPED = {
-    "dense": ("data/inputs/h200_bf16", "cutetune/data/cost_model_sm90_bf16.json",
-              "data/reports/model_h200_bf16"),
+    "dense": ("data/inputs/h200_bf16", "cutetune/data/cost_model_sm90_bf16.json.gz",
+              "data/reports/model_h200_bf16", "dense"),
+    "fp16": ("data/inputs/h200_fp16", "cutetune/data/cost_model_sm90_fp16.json.gz",
+             "data/reports/model_h200_fp16", "dense"),
     "grouped": ("data/inputs/h200_bf16_grouped",
-                "cutetune/data/cost_model_sm90_bf16_grouped.json",
-                "data/reports/model_h200_bf16_grouped"),
+                "cutetune/data/cost_model_sm90_bf16_grouped.json.gz",
+                "data/reports/model_h200_bf16_grouped", "grouped"),
 }
 
 
@@ -51,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--picks-only", action="store_true",
                      help="grouped: write the picks into the model file as it is, no training")
     known, rest = pre.parse_known_args(argv)
-    dataset, out, report = SHIPPED[known.shipped]
+    dataset, out, report, kind = SHIPPED[known.shipped]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[pre])
     add_arguments(p, dataset=dataset, out=out, report=report)
     args = p.parse_args(argv)
@@ -59,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--picks-only is for the grouped model")
     try:
         if not args.picks_only:
-            run(args.dataset, args.out, args.report, options_from(args),
-                args.kind or known.shipped)
+            run(args.dataset, args.out, args.report, options_from(args), args.kind or kind)
         if known.shipped == "grouped":
             load_model(args.out, kind="grouped").with_picks(moe_rung_problems()).save(args.out)
     except (ValueError, FileNotFoundError, DatasetError) as e:

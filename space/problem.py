@@ -201,6 +201,9 @@ def validate_problem(p: GemmProblem) -> None:
         raise ProblemError(f"a_major must be 'k' or 'm', got {p.a_major!r}")
     if p.b_major not in ("k", "n"):
         raise ProblemError(f"b_major must be 'k' or 'n', got {p.b_major!r}")
+    if p.k == 1 and (p.a_major == "m" or p.b_major == "n"):  # a weight gradient of one token
+        raise ProblemError("K=1 with an m-major A or an n-major B: the one-column operand's "
+                           "strides do not tell its major, and quack's checks refuse it")
     _check_alignment(p)
 
 

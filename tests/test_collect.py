@@ -5,6 +5,7 @@ The stand-in rows are labelled by a 'synthetic' device name and never leave the 
 import math
 import os
 
+import numpy as np
 import pytest
 
 from cutetune.models import dataset
@@ -170,8 +171,8 @@ def test_committed_h200_datasets_load_with_the_schema_and_coverage():
     for name in ("inputs/h200_bf16", "bench/h200_bf16_repeat", "bench/h200_bf16_tune"):
         table = dataset.load(os.path.join(COMMITTED, name))
         assert table.schema.names == dataset.SCHEMA.names, name
-        # measured under schema version 1, read as the current version (grouped columns null)
-        assert set(table.column("schema_version").to_pylist()) == {1}
+        # measured under schema version 1, compacted as the current version (grouped columns null)
+        assert set(table.column("schema_version").to_pylist()) == {dataset.SCHEMA_VERSION}
         for col in ("device_name", "sm_count", "driver", "cuda", "torch_version",
                     "cutlass_dsl_version", "quack_version", "timestamp"):
             assert table.column(col).null_count == 0, (name, col)
@@ -301,6 +302,32 @@ def test_a_version_1_dataset_part_reads_with_the_grouped_columns_null(tmp_path):
     assert dataset.done_keys(tmp_path) == {dataset.measurement_key("p", "cublas")}
     assert dataset.load(tmp_path, columns=["problem_key", "expert_counts"]).column_names == [
         "problem_key", "expert_counts"]
+
+
+def test_a_part_stores_times_as_float32_and_reads_them_back_as_the_schema_has_them(tmp_path):
+    """Version 3 stores the times as float32 and the timestamp as integer ms; a part of
+    version 2 (float64 seconds) and one of version 3 read back alike, in the schema's types."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row = {**{f.name: None for f in dataset.SCHEMA}, "schema_version": 2, "problem_key": "p",
+           "backend": "cublas", "config_key": "", "status": "ok", "time_ms": 0.123456789,
+           "time_ms_p20": 0.12, "compile_s": 3.3, "timestamp": 1796476725.4144342}
+    (tmp_path / "v2").mkdir()
+    pq.write_table(pa.Table.from_pylist([row], schema=dataset.SCHEMA),
+                   tmp_path / "v2" / "part-000000-x.parquet")
+    part = dataset.append(tmp_path / "v3", [{**row, "schema_version": None}])
+    stored = pq.read_table(part)
+    assert stored.schema.field("time_ms").type == pa.float32()
+    assert stored.schema.field("timestamp").type == pa.int64()
+    assert stored.column("schema_version").to_pylist() == [3]
+    old, new = (dataset.load(tmp_path / v).to_pylist()[0] for v in ("v2", "v3"))
+    assert new["time_ms"] == float(np.float32(old["time_ms"])) != old["time_ms"]
+    assert abs(new["timestamp"] - old["timestamp"]) < 5e-4
+    assert dataset.load(tmp_path / "v3").schema == dataset.load(tmp_path / "v2").schema
+    # compacted, a version 2 part is rewritten as version 3
+    dataset.compact(tmp_path / "v2")
+    assert dataset.load(tmp_path / "v2").to_pylist() == [new]
 
 
 def test_relative_error_differences_a_slice_at_a_time(monkeypatch):

@@ -522,7 +522,7 @@ def test_train_cost_model_writes_the_picks_into_a_grouped_model_file(tmp_path, m
     assert len(script.moe_rung_problems()) >= 1000
     few = script.moe_rung_problems()[:3]
     monkeypatch.setattr(script, "moe_rung_problems", lambda: few)
-    out = tmp_path / "grouped.json"
+    out = tmp_path / "grouped.json.gz"  # gzipped, as the shipped file
     shutil.copy(shipped_model_path(kind="grouped"), out)
     assert script.main(["--shipped", "grouped", "--picks-only", "--out", str(out)]) == 0
     model = load_model(out, kind="grouped")

@@ -15,6 +15,7 @@ import textwrap
 import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from torch._inductor import config as inductor_config
@@ -813,8 +814,10 @@ def test_feedback_rows_from_inductor_timings(fake_gpu, tmp_path, monkeypatch):
     from cutetune.models.dataset import load
 
     rows = sorted(load(tmp_path / "fb").to_pylist(), key=lambda r: r["backend"])
+    # as recorded, to the float32 a dataset part stores
     assert [(r["backend"], r["config_key"], r["status"], r["time_ms"]) for r in rows] == [
-        ("cublas", "", "ok", 0.010), ("quack", A.short(), "ok", 0.008),
+        ("cublas", "", "ok", float(np.float32(0.010))),
+        ("quack", A.short(), "ok", float(np.float32(0.008))),
         ("quack", B.short(), "runtime_error", None)]
     assert {r["suite"] for r in rows} == {ifb.FEEDBACK_SUITE}
     assert rows[1]["problem_key"] == P(64, 512, 256, b_major="n").key()

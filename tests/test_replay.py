@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from cutetune.models.dataset import SCHEMA, SCHEMA_VERSION, append
+from cutetune.models.dataset import SCHEMA, SCHEMA_VERSION, append, load
 from cutetune.space import GemmProblem, KernelConfig, enumerate_configs
 from cutetune.tuner.search.backends import BENCH_OVERHEAD_S, ReplayBackend, ReplayError
 from cutetune.tuner.search.replay import (exhaustive_problems, replay, replay_one, summarize,
@@ -119,6 +119,7 @@ def table():
 
 def test_replay_backend_answers_recorded_numbers(table, tmp_path):
     append(tmp_path / "ds", table.to_pylist())  # also through a dataset folder
+    table = load(tmp_path / "ds")  # the numbers as recorded (stored times are float32)
     rows = {(r["problem_key"], r["config_key"]): r for r in table.to_pylist()}
     cold = {}  # a kernel is shape-independent: its cold build is the max over all problems
     for r in rows.values():

@@ -44,6 +44,10 @@ def test_problem_alignment_follows_majors():
     GemmProblem(100, 64, 64)  # M is not contiguous anywhere when A is K-major
     GemmProblem(64, 64, 64, a_major="m", b_major="n")
     assert issubclass(ProblemError, ValueError)
+    # one token's weight gradient: quack refused every config of these (H200, s27 layouts data)
+    for majors in ({"a_major": "m"}, {"b_major": "n"}, {"a_major": "m", "b_major": "n"}):
+        with pytest.raises(ProblemError, match="K=1 with an m-major A or an n-major B"):
+            GemmProblem(3584, 14336, 1, **majors)
 
 
 def test_problem_flops_bytes_key():
@@ -264,7 +268,8 @@ def test_an_n_major_kernel_b_refuses_the_wide_cooperative_192_tile():
 def test_layouts_give_each_layers_gemm_of_that_layout():
     """A forward problem (kk) of a linear layer gives its input gradient (kn: M, K, N) and its
     weight gradient (mn: N, K, M, the tokens the reduction), and mk its sizes with an M-major
-    A, which needs M aligned for TMA (M=1 has none); grouped problems keep their GEMM's."""
+    A, which needs M aligned for TMA (M=1 has neither mk nor mn: its weight gradient has K=1);
+    grouped problems keep their GEMM's."""
     from cutetune.space.problem import GroupedProblem
     from cutetune.space.suites import LAYOUTS, in_layouts
 
@@ -272,7 +277,7 @@ def test_layouts_give_each_layers_gemm_of_that_layout():
     grouped = ("g", GroupedProblem(8, 1024, 4096, 7168))
     got = in_layouts([*fwd, grouped], list(LAYOUTS))
     assert [(s, p.m, p.n, p.k, p.a_major + p.b_major) for s, p in got if s != "g"] == [
-        ("a", 1, 14336, 4096, "kk"), ("a", 1, 4096, 14336, "kn"), ("a", 14336, 4096, 1, "mn"),
+        ("a", 1, 14336, 4096, "kk"), ("a", 1, 4096, 14336, "kn"),
         ("b", 64, 1024, 4096, "kk"), ("b", 64, 4096, 1024, "kn"), ("b", 64, 1024, 4096, "mk"),
         ("b", 1024, 4096, 64, "mn")]
     assert got[-1] == grouped and len({p.key() for _, p in got}) == len(got)

@@ -127,7 +127,7 @@ class Picker:
                 self.digest_ = f"model@{id(source):x}"
                 return self.digest_
             files = ([Path(source)] if source is not None
-                     else sorted(settings.PACKAGE_DATA.glob("cost_model_*_grouped.json")))
+                     else sorted(settings.PACKAGE_DATA.glob("cost_model_*_grouped.json.gz")))
             h = hashlib.sha256()
             for f in files:  # the packaged ones: one per arch and dtype shipped
                 try:
