@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from ..artifacts import write_atomic
 from ..errors import ArtifactError
 from ..space.config import KernelConfig
-from ..space.problem import GemmProblem, GroupedProblem
+from ..space.problem import GemmProblem, GroupedProblem, ProblemError
 
 # 2: grouped (MoE expert) GEMMs: experts, gemm and the rows' split among the experts; the
 # dense columns batch, a_major and b_major are null on their rows. A part of version 1 reads
@@ -77,18 +77,24 @@ SCHEMA = pa.schema([
 ])
 
 
-def problem_of(row) -> GemmProblem | GroupedProblem:
-    """The problem a dataset row measured (sizes come back from Parquet as ints)."""
-    if row.get("experts") is not None:
-        return GroupedProblem(int(row["experts"]), int(row["m"]), int(row["n"]), int(row["k"]),
-                              gemm=row["gemm"], dtype=row["dtype"], out_dtype=row["out_dtype"],
-                              arch=row["arch"])
-    return GemmProblem(**{c: (int(row[c]) if c in ("m", "n", "k", "batch") else row[c])
-                          for c in PROBLEM_COLUMNS})
-
-
 class DatasetError(ArtifactError):
     """A dataset folder or part that cannot be read as a cutetune dataset."""
+
+
+def problem_of(row) -> GemmProblem | GroupedProblem:
+    """The problem a dataset row measured (sizes come back from Parquet as ints); DatasetError
+    naming it where this cutetune's rules reject it (measured before a rule said so)."""
+    try:
+        if row.get("experts") is not None:
+            return GroupedProblem(int(row["experts"]), int(row["m"]), int(row["n"]),
+                                  int(row["k"]), gemm=row["gemm"], dtype=row["dtype"],
+                                  out_dtype=row["out_dtype"], arch=row["arch"])
+        return GemmProblem(**{c: (int(row[c]) if c in ("m", "n", "k", "batch") else row[c])
+                              for c in PROBLEM_COLUMNS})
+    except ProblemError as e:
+        named = row.get("problem_key") or {c: row.get(c) for c in PROBLEM_COLUMNS}
+        raise DatasetError(f"dataset rows of {named} measure a problem this cutetune rejects "
+                           f"({e}); drop them from the dataset") from None
 
 
 # What makes a measurement unique in a dataset: problem, backend, config and, for a grouped
@@ -148,7 +154,8 @@ def _write_part(folder: Path, index: int, table: pa.Table, level: int = 3) -> Pa
     for name in STORED_F32:
         table = table.set_column(table.schema.get_field_index(name), name,
                                  table.column(name).cast(pa.float32()))
-    ms = pc.round(pc.multiply(table.column("timestamp"), 1000.0))
+    when = table.column("timestamp")  # a non-finite one (another tool's) is stored as null
+    ms = pc.round(pc.multiply(pc.if_else(pc.is_finite(when), when, None), 1000.0))
     table = table.set_column(table.schema.get_field_index("timestamp"), "timestamp",
                              ms.cast(pa.int64()))
     table = table.set_column(table.schema.get_field_index("schema_version"), "schema_version",
@@ -213,7 +220,7 @@ def load(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
             raise DatasetError(f"dataset part {f} lacks columns {sorted(missing)}")
         if columns is not None:
             t = t.select([n for n in t.column_names if n in columns])
-        tables.append(_checked(f, t))
+        tables.append(_checked(f, t, min(versions)))
     table = pa.concat_tables(tables)
     if columns is None or set(KEY_COLUMNS) <= set(columns):
         # A compaction killed between its rename and its deletes leaves rows twice: keep one.
@@ -238,7 +245,7 @@ def _migrated(t: pa.Table, version: int, columns: list[str] | None) -> pa.Table:
     return t.select([n for n in SCHEMA.names if n in t.column_names])  # the schema's order
 
 
-def _checked(f: Path, t: pa.Table) -> pa.Table:
+def _checked(f: Path, t: pa.Table, version: int) -> pa.Table:
     """Part ``f``'s table in the schema's types, the time of its ok rows a positive number of
     ms where given (null: not measured). A column of another type (that does not cast) or a
     NaN, infinite, negative or zero time is named here, with the file and column, not later
@@ -249,7 +256,7 @@ def _checked(f: Path, t: pa.Table) -> pa.Table:
             raise DatasetError(f"dataset part {f} has a column {name!r} that is not in the "
                                f"schema of version {SCHEMA_VERSION}")
         want, column = SCHEMA.field(name).type, t.column(name)
-        if name == "timestamp" and pa.types.is_integer(column.type):  # version 3: ms
+        if name == "timestamp" and version >= 3 and pa.types.is_integer(column.type):  # ms
             column = pc.divide(column.cast(pa.float64()), 1000.0)
         try:
             columns.append(column.cast(want))

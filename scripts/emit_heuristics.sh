@@ -5,12 +5,12 @@
 # benchmarks. Then the fp16 file (heuristics_sm90_fp16.json.gz, OUT16) from the fp16 model and
 # dataset alone: nothing Triton or SwiGLU was measured in fp16. data/inputs/ holds exactly what
 # this script and scripts/train_cost_model.py read (tests/test_data_layout.py checks it). Any
-# CPU host (about 8 min on 2 cores); OUT defaults to the shipped file. docs/reproduce.md lists
-# what made each input.
+# CPU host (about 8 min on 2 cores); OUT defaults to the shipped file, OUT16 to its folder's.
+# docs/reproduce.md lists what made each input.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-cutetune/data/heuristics_sm90_bf16.json.gz}
-OUT16=${2:-cutetune/data/heuristics_sm90_fp16.json.gz}
+OUT16=${2:-$(dirname "$OUT")/heuristics_sm90_fp16.json.gz}
 I=data/inputs
 S=$I/steps
 cutetune emit --model cutetune/data/cost_model_sm90_bf16.json.gz --dataset $I/h200_bf16 \

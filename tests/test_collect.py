@@ -328,6 +328,18 @@ def test_a_part_stores_times_as_float32_and_reads_them_back_as_the_schema_has_th
     # compacted, a version 2 part is rewritten as version 3
     dataset.compact(tmp_path / "v2")
     assert dataset.load(tmp_path / "v2").to_pylist() == [new]
+    # a timestamp another tool left non-finite is stored as null, not refused
+    part = dataset.append(tmp_path / "nan", [{**row, "timestamp": float("nan")}])
+    assert dataset.load(tmp_path / "nan").column("timestamp").to_pylist() == [None]
+
+
+def test_a_row_of_a_problem_the_rules_now_reject_is_named():
+    """A dataset measured before a rule (here K=1 with an m-major A) names the problem."""
+    p = GemmProblem(64, 64, 64, a_major="m", b_major="n")
+    row = {**p.to_dict(), "k": 1, "problem_key": "sm90:bf16->bf16:mn:b1:m64:n64:k1"}
+    with pytest.raises(dataset.DatasetError, match="rows of sm90:bf16->bf16:mn:b1:m64:n64:k1 "
+                                                   "measure a problem this cutetune rejects"):
+        dataset.problem_of(row)
 
 
 def test_relative_error_differences_a_slice_at_a_time(monkeypatch):
