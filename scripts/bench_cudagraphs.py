@@ -69,7 +69,10 @@ def groups() -> dict[str, tuple[str, ...]]:
 
 
 # ================================================================ the workload
-def decoder_stack(torch, layers: int):
+def decoder_stack(torch, layers: int, flash: bool = False):
+    """``flash``: SDPA's inputs with a batch dimension and the KV heads repeated to the
+    query's, as its flash kernel takes them; otherwise 3-D with grouped KV heads
+    (``enable_gqa``), which runs SDPA's math path, in fp32."""
     nn, F = torch.nn, torch.nn.functional
 
     class Layer(nn.Module):
@@ -86,9 +89,12 @@ def decoder_stack(torch, layers: int):
             m = x.shape[0]
             h = F.rms_norm(x, (HIDDEN,), self.n1)
             heads = lambda t: t.view(m, -1, HEAD_DIM).transpose(0, 1)  # noqa: E731
-            a = F.scaled_dot_product_attention(heads(self.q(h)), heads(self.k(h)),
-                                               heads(self.v(h)), is_causal=True, enable_gqa=True)
-            x = x + self.o(a.transpose(0, 1).reshape(m, HIDDEN))
+            q, k, v = heads(self.q(h)), heads(self.k(h)), heads(self.v(h))
+            if flash:
+                q, k, v = q[None], *(t.repeat_interleave(HIDDEN // KV, dim=0)[None]
+                                     for t in (k, v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=not flash)
+            x = x + self.o(a.transpose(-3, -2).reshape(m, HIDDEN))
             h = F.rms_norm(x, (HIDDEN,), self.n2)
             return x + self.down(F.silu(self.gate(h)) * self.up(h))
 

@@ -31,6 +31,8 @@
 #                  against the permutation's copy -> $OUT/moe_gather_h200.json
 #   compile_ab     scripts/compile_time_ab.py: the compile helper against quack's compile pool
 #                  -> $OUT/compile_time_ab_h200.json
+#   train_step     scripts/bench_train_step.py: a 2-layer Llama-3-8B training step at M=4096 in
+#                  default, predicted and reduced mode -> $OUT/train_step_<gpu>.json.gz
 #   cudagraphs     scripts/bench_cudagraphs.py: small M with and without CUDA graphs
 #                  -> $OUT/cudagraphs_small_m_h200.json.gz; resumes from the checkout's
 #                  data/bench/cudagraphs_small_m_h200.json.gz where there is one (an earlier
@@ -118,6 +120,9 @@ for stage in "$@"; do
     compile_ab)
       python scripts/compile_time_ab.py --repeats 2 --variants helper quack_pool \
         --out "$OUT/compile_time_ab_h200.json" 2>&1 | tail -n 15 ;;
+    train_step)
+      GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -oE 'H[0-9]+' | head -n 1)
+      python scripts/bench_train_step.py --out "$OUT/train_step_${GPU,,}.json.gz" 2>&1 | tail -n 60 ;;
     cudagraphs)
       CG=data/bench/cudagraphs_small_m_h200.json.gz
       python scripts/bench_cudagraphs.py --out "$OUT/cudagraphs_small_m_h200.json.gz" \

@@ -16,6 +16,7 @@ import sys
 import time
 
 from cutetune import progress
+from cutetune.artifacts import write_artifact
 from cutetune.models.data import load_measurements
 from cutetune.models.file_heldout import TARGETS, replay, summarize
 from cutetune.models.heuristics import Heuristics, default_path
@@ -54,8 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                            for k, m, ma, f, fa, c, g in zip(
                                rep.keys, rep.model_ms.tolist(), rep.model_aten, rep.file_ms.tolist(),
                                rep.file_aten, rep.cublas_ms.tolist(), rep.on_grid)]}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1, allow_nan=True)
+    write_artifact(args.out, json.dumps(result, indent=1, allow_nan=True))
     print(json.dumps(result["summary"], indent=1))
     return 0
 

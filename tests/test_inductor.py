@@ -1779,7 +1779,7 @@ def test_gpu_compiled_llama_mlp(tmp_path, mode, dtype, monkeypatch, caplog):
 @gpu
 def test_gpu_one_row_mlp_under_cuda_graphs_runs_gemv_reductions():
     """mode="reduce-overhead" at M=1 in predicted mode: the MLP's GEMMs become Triton
-    reductions (no extern GEMM), the replays run right."""
+    reductions (no extern GEMM), tuned by coordinate descent, and the replays run right."""
     from torch._inductor.utils import fresh_cache, run_and_get_code
 
     torch.manual_seed(0)
@@ -1794,6 +1794,8 @@ def test_gpu_one_row_mlp_under_cuda_graphs_runs_gemv_reductions():
         ref = mlp(x)
     code = "".join(code)
     assert not re.search(r"extern_kernels\.\w+\(", code) and re.search(r"triton_(red|per)_", code)
+    assert "'coordinate_descent_tuning': True" in code and "'max_autotune_pointwise': True" in code
+    assert not inductor_config.coordinate_descent_tuning
     assert _rel_err(out, ref) < 2e-2
 
 
@@ -2030,7 +2032,7 @@ def _gemm_forms(m: int, dtype):
     return fn, (x, q, k)
 
 
-@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("dtype", [BF16, FP16, torch.float32])
 def test_gemv_pass_turns_one_row_gemms_into_reductions_under_cuda_graphs(dtype, caplog):
     """Under CUDA graphs one-row mm, addmm and bmm leave the extern GEMMs for fused
     reductions, computed in fp32, but an addmm that scales its terms; two rows, no graphs, or
@@ -2048,3 +2050,42 @@ def test_gemv_pass_turns_one_row_gemms_into_reductions_under_cuda_graphs(dtype, 
         code = _compiled_code(fn, args, graphs, arch)[1]
         assert {"mm", "addmm"} <= set(re.findall(r"extern_kernels\.(\w+)\(", code))
     assert sum("as a GEMV reduction" in r.getMessage() for r in caplog.records) == 3
+
+
+def test_gemv_pass_tunes_the_graphs_it_rewrote_until_the_compile_ends():
+    """max-autotune's reduction tuning is on while a graph with a GEMV is generated, off for a
+    graph without one (the next graph of the same compile, after a graph break, too), and
+    back off when the compile ends; a flag the user set stays set."""
+    from torch._inductor.utils import run_and_get_code
+
+    from cutetune.tuner.inductor.passes import REDUCTION_TUNING
+
+    seen = []
+    gemv = GemvPass("k", lambda device: "sm90")
+
+    def recording(graph):  # the flags as the graph's kernels will be generated
+        gemv(graph)
+        seen.append(tuple(getattr(inductor_config, name) for name in REDUCTION_TUNING))
+
+    w = torch.randn(48, 64, dtype=BF16)
+
+    def fn(x, y):
+        a = torch.relu(x @ w.t())
+        torch._dynamo.graph_break()
+        return a, torch.relu(y @ w.t())
+
+    one, two = torch.randn(1, 64, dtype=BF16), torch.randn(2, 64, dtype=BF16)
+    on, off, user = (True, True), (False, False), (False, True)  # the user's: descent alone
+    for user_flag, args, expected in ((False, (one, two), [on, off]),
+                                      (False, (two, one), [off, on]),
+                                      (False, (two, two), [off, off]),
+                                      (True, (two, one), [user, on])):
+        torch._dynamo.reset()
+        seen.clear()
+        with inductor_config.patch({"fx_graph_cache": False, "triton.cudagraphs": True,
+                                    "coordinate_descent_tuning": user_flag,
+                                    "post_grad_custom_post_pass": recording}):
+            run_and_get_code(torch.compile(fn), *args)
+            assert seen == expected
+            assert tuple(getattr(inductor_config, n) for n in REDUCTION_TUNING) == (
+                user if user_flag else off)

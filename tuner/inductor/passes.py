@@ -122,6 +122,7 @@ class EarlyPrefetchPass(ChainedPass):
 
 
 DTYPES = (torch.bfloat16, torch.float16)
+GEMV_DTYPES = (*DTYPES, torch.float32)
 
 
 def _silu_mul_mm(g, x, w):
@@ -169,13 +170,16 @@ def _dynamic_m(x) -> bool:
 
 class GemvPass(ChainedPass):
     """Under CUDA graphs, each one-row GEMM of the post-grad graph (``mm``, ``bmm``, and
-    ``addmm`` with its defaults, as Inductor makes of mm plus a residual; 16-bit, a static row,
-    where ``arch(device)`` names a GPU) becomes the multiply and sum of a GEMV in fp32, cast
-    back: the rewrite that Inductor's own decompositions make only with
-    ``coordinate_descent_tuning`` on, as mode="max-autotune" has it. Inductor then fuses each
-    GEMV into a reduction kernel with its neighbours (RMSNorm, residual adds, SwiGLU's
-    product, attention's softmax), which no GEMM choice can do; under graphs fewer kernels
-    also replay faster (data/bench/cudagraphs_small_m_h100.json.gz at M=1). Without graphs it
+    ``addmm`` with its defaults, as Inductor makes of mm plus a residual; 16-bit or fp32, as
+    attention's products are on SDPA's math path; a static row, where ``arch(device)`` names
+    a GPU) becomes the multiply and sum of a GEMV in fp32, cast back: the rewrite that
+    Inductor's own decompositions make only with ``coordinate_descent_tuning`` on, as
+    mode="max-autotune" has it. Inductor then fuses each GEMV into a reduction kernel with
+    its neighbours (RMSNorm, residual adds, SwiGLU's product, attention's softmax), which no
+    GEMM choice can do; under graphs fewer kernels also replay faster
+    (data/bench/cudagraphs_small_m_h100.json.gz at M=1). A graph it rewrote has its
+    reductions tuned as max-autotune's are (``tune_reductions``): untuned, they fell short of
+    the H200's bandwidth (data/bench/cudagraphs_small_m_h200.json.gz). Without graphs it
     stays: there a GEMM's choice weighs the host (``decisions.host_bound_us``)."""
 
     NAME = "cutetune-gemv"
@@ -186,9 +190,11 @@ class GemvPass(ChainedPass):
         self.arch = arch
 
     def apply(self, graph: torch.fx.Graph) -> None:
+        tune_reductions(False)  # each graph decides for its own kernels
         if not under_cuda_graphs():
             return
         aten = torch.ops.aten
+        rewrote = False
         for node in [n for target in (aten.mm.default, aten.bmm.default, aten.addmm.default)
                      for n in graph.find_nodes(op="call_function", target=target)]:
             if node.target is aten.addmm.default:
@@ -200,14 +206,49 @@ class GemvPass(ChainedPass):
                 (x, w), bias = node.args, None
             if self._one_row(x, w):
                 _replace_with_gemv(graph, node, x, w, bias)
+                rewrote = True
                 log.info("cutetune: one-row GEMM %s as a GEMV reduction (under CUDA graphs)",
                          tuple(w.meta["val"].shape))
+        tune_reductions(rewrote)
 
     def _one_row(self, x, w) -> bool:
         vals = [getattr(t, "meta", {}).get("val") for t in (x, w)]
-        return (all(isinstance(v, torch.Tensor) and v.dtype in DTYPES for v in vals)
+        return (all(isinstance(v, torch.Tensor) and v.dtype in GEMV_DTYPES for v in vals)
                 and isinstance(vals[0].shape[-2], int) and vals[0].shape[-2] == 1
                 and self.arch(vals[0].device) is not None)
+
+
+# What max-autotune has Inductor do for its reductions: more first configs, then coordinate
+# descent from the best of them.
+REDUCTION_TUNING = ("max_autotune_pointwise", "coordinate_descent_tuning")
+_turned_on: set[str] = set()  # of REDUCTION_TUNING, by tune_reductions, until the compile ends
+
+
+def tune_reductions(on: bool) -> None:
+    """Inductor's reduction tuning (``REDUCTION_TUNING``) on for the kernels of the graph
+    being compiled (``on``), or back off where this module turned it on. Inductor reads the
+    flags as it generates each kernel, after the post-grad passes, and the kernel keeps them:
+    the tuning runs at its first call (under graphs, a warm-up before the recording). Dynamo's
+    compile-end callback turns them off again, so that later compiles, and this compile's next
+    graph until its own pass decides, are not tuned for this graph's sake. A flag the user or
+    the mode set (max-autotune) is left alone."""
+    from torch._dynamo import callback_handler
+    from torch._inductor import config as inductor_config
+
+    if on:
+        if _end_of_compile not in callback_handler.end_callbacks:
+            callback_handler.register_end_callback(_end_of_compile)
+        for name in REDUCTION_TUNING:
+            if not getattr(inductor_config, name):
+                setattr(inductor_config, name, True)
+                _turned_on.add(name)
+    else:
+        while _turned_on:
+            setattr(inductor_config, _turned_on.pop(), False)
+
+
+def _end_of_compile(_args) -> None:
+    tune_reductions(False)
 
 
 def _replace_with_gemv(graph: torch.fx.Graph, node: torch.fx.Node, x, w, bias) -> None:
