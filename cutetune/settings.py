@@ -16,6 +16,13 @@ from .errors import OutputError
 MODES = ("predicted", "reduced", "off")
 PACKAGE_DATA = Path(__file__).resolve().parent / "data"  # the shipped artifacts (pyproject)
 
+
+def model_file_name(arch: str, dtype: str, kind: str = "dense") -> str:
+    """The file name of a packaged cost model of ``kind`` problems on ``arch``/``dtype``
+    (gzipped: three quarters of the bytes of the JSON's base64 boosters); ``*`` globs."""
+    return f"cost_model_{arch}_{dtype}{'' if kind == 'dense' else '_' + kind}.json.gz"
+
+
 # variable -> (default, meaning); the README's table is written from this
 VARIABLES = {
     "CUTETUNE_MODE": ("off", "torch.compile mode installed by enable_from_env(): predicted, "

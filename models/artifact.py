@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import settings
 from ..artifacts import read_artifact, sealed_json, write_artifact
 from ..errors import ArtifactError
 from ..space.config import KernelConfig
@@ -53,10 +54,8 @@ class ModelError(ArtifactError):
 
 
 def shipped_model_path(arch: str = "sm90", dtype: str = "bf16", kind: str = "dense") -> Path:
-    """Where the packaged model of ``kind`` problems on ``arch``/``dtype`` is (or would be):
-    gzipped, three quarters of the bytes of the JSON's base64 boosters."""
-    suffix = "" if kind_named(kind).name == "dense" else f"_{kind}"
-    name = f"cost_model_{arch}_{dtype}{suffix}.json.gz"
+    """Where the packaged model of ``kind`` problems on ``arch``/``dtype`` is (or would be)."""
+    name = settings.model_file_name(arch, dtype, kind_named(kind).name)
     return Path(str(resources.files("cutetune") / "data" / name))
 
 

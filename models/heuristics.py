@@ -335,7 +335,7 @@ def default_path(arch: str, dtype: str) -> Path:
 
 def model_path(folder: Path, arch: str, dtype: str) -> Path:
     """Where a folder of packaged heuristics keeps the dense cost model of (arch, dtype)."""
-    return Path(folder) / f"cost_model_{arch}_{dtype}.json.gz"
+    return Path(folder) / settings.model_file_name(arch, dtype)
 
 
 class PackagedHeuristics:

@@ -121,8 +121,8 @@ for stage in "$@"; do
       python scripts/compile_time_ab.py --repeats 2 --variants helper quack_pool \
         --out "$OUT/compile_time_ab_h200.json" 2>&1 | tail -n 15 ;;
     train_step)
-      GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -oE 'H[0-9]+' | head -n 1)
-      python scripts/bench_train_step.py --out "$OUT/train_step_${GPU,,}.json.gz" 2>&1 | tail -n 60 ;;
+      GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -oE '[HB][0-9]+' | head -n 1 | tr HB hb)
+      python scripts/bench_train_step.py --out "$OUT/train_step_${GPU:-gpu}.json.gz" 2>&1 | tail -n 60 ;;
     cudagraphs)
       CG=data/bench/cudagraphs_small_m_h200.json.gz
       python scripts/bench_cudagraphs.py --out "$OUT/cudagraphs_small_m_h200.json.gz" \

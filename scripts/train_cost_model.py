@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cutetune.models.artifact import load_model
+from cutetune.models.artifact import load_model, shipped_model_path
 from cutetune.models.dataset import DatasetError
 from cutetune.commands.train import add_arguments, options_from, run
 from cutetune.space.problem import GROUPED_GEMMS
@@ -30,12 +30,11 @@ from cutetune.tuner.kernels.grouped_mm import RAGGED_RUNGS
 
 # shipped model -> (dataset, model file, report folder, kind)
 SHIPPED = {
-    "dense": ("data/inputs/h200_bf16", "cutetune/data/cost_model_sm90_bf16.json.gz",
+    "dense": ("data/inputs/h200_bf16", str(shipped_model_path("sm90", "bf16")),
               "data/reports/model_h200_bf16", "dense"),
-    "fp16": ("data/inputs/h200_fp16", "cutetune/data/cost_model_sm90_fp16.json.gz",
+    "fp16": ("data/inputs/h200_fp16", str(shipped_model_path("sm90", "fp16")),
              "data/reports/model_h200_fp16", "dense"),
-    "grouped": ("data/inputs/h200_bf16_grouped",
-                "cutetune/data/cost_model_sm90_bf16_grouped.json.gz",
+    "grouped": ("data/inputs/h200_bf16_grouped", str(shipped_model_path("sm90", "bf16", "grouped")),
                 "data/reports/model_h200_bf16_grouped", "grouped"),
 }
 

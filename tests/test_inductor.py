@@ -2054,8 +2054,8 @@ def test_gemv_pass_turns_one_row_gemms_into_reductions_under_cuda_graphs(dtype, 
 
 def test_gemv_pass_tunes_the_graphs_it_rewrote_until_the_compile_ends():
     """max-autotune's reduction tuning is on while a graph with a GEMV is generated, off for a
-    graph without one (the next graph of the same compile, after a graph break, too), and
-    back off when the compile ends; a flag the user set stays set."""
+    graph without one (each side of a graph break is a compile of its own), and back off
+    when the compile ends; a flag the user set stays set."""
     from torch._inductor.utils import run_and_get_code
 
     from cutetune.tuner.inductor.passes import REDUCTION_TUNING
@@ -2089,3 +2089,37 @@ def test_gemv_pass_tunes_the_graphs_it_rewrote_until_the_compile_ends():
             assert seen == expected
             assert tuple(getattr(inductor_config, n) for n in REDUCTION_TUNING) == (
                 user if user_flag else off)
+
+
+def test_gemv_tuning_is_decided_per_graph_and_never_inside_a_capture(monkeypatch):
+    """Within one compile (no end callback between them) the next graph's pass turns the
+    tuning off for a graph without a GEMV; a GEMV compiled inside a stream capture is not
+    tuned (its benchmarks would run in the capture); ``disable()`` turns off what a compile
+    without Dynamo's end callback left on."""
+    from cutetune.tuner.inductor import passes
+    from cutetune.tuner.inductor.passes import REDUCTION_TUNING
+
+    flags = lambda: tuple(getattr(inductor_config, n) for n in REDUCTION_TUNING)  # noqa: E731
+    gemv = GemvPass("k", lambda device: "sm90")
+    w = torch.randn(48, 64, dtype=BF16)
+
+    def graph(m):
+        gm = torch.fx.experimental.proxy_tensor.make_fx(
+            lambda x, w: torch.ops.aten.mm.default(x, w.t()), tracing_mode="fake")(
+                torch.randn(m, 64, dtype=BF16), w)
+        return gm.graph
+
+    with inductor_config.patch({"triton.cudagraphs": True}):
+        gemv(graph(1))
+        assert flags() == (True, True)
+        gemv(graph(2))
+        assert flags() == (False, False)
+        gemv(graph(1))
+        assert flags() == (True, True)
+        iin.enable("predicted").disable()
+        assert flags() == (False, False)
+    monkeypatch.setattr(passes, "under_cuda_graphs", lambda: True)  # a capture in progress
+    one_row = graph(1)
+    gemv(one_row)
+    assert flags() == (False, False)
+    assert not one_row.find_nodes(op="call_function", target=torch.ops.aten.mm.default)

@@ -24,7 +24,8 @@ from . import choices as hook, grouped, template_cache
 from .choices import _SOURCES, ChoicesFactory, send_kernels
 from .decisions import REDUCED_TOP_K, decide_swiglu, host_bound_us, triton_takers
 from .feedback import FeedbackRecorder
-from .passes import EarlyPrefetchPass, GemvPass, GroupedMmPass, SwigluFusionPass
+from .passes import (EarlyPrefetchPass, GemvPass, GroupedMmPass, SwigluFusionPass,
+                     tune_reductions)
 
 log = logging.getLogger(__name__)
 
@@ -265,6 +266,7 @@ class Installation:
                 heir._prev[slot] = value
             else:
                 _RESTORE[slot](value)
+        tune_reductions(False)  # a compile without Dynamo's end callback may have left them on
         cache = get_algorithm_selector_cache()
         if self.feedback is not None and self.feedback in cache.feedback_saver_fns:
             cache.feedback_saver_fns.remove(self.feedback)

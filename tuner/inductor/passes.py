@@ -42,6 +42,8 @@ from ...space.problem import GemmProblem, ProblemError
 from ..kernels import grouped_mm, launcher, swiglu
 from ..kernels.problems import (config_ints, dynamo_gemms, fx_problem, grouped_problem,
                                static_ints, table_ints)
+from torch._inductor import config as inductor_config
+
 from .decisions import under_cuda_graphs
 
 log = logging.getLogger(__name__)
@@ -209,7 +211,9 @@ class GemvPass(ChainedPass):
                 rewrote = True
                 log.info("cutetune: one-row GEMM %s as a GEMV reduction (under CUDA graphs)",
                          tuple(w.meta["val"].shape))
-        tune_reductions(rewrote)
+        # Inductor's own graphs warm up before recording; a capture in progress would run the
+        # tuning's benchmarks inside it.
+        tune_reductions(rewrote and bool(inductor_config.triton.cudagraphs))
 
     def _one_row(self, x, w) -> bool:
         vals = [getattr(t, "meta", {}).get("val") for t in (x, w)]
@@ -228,12 +232,15 @@ def tune_reductions(on: bool) -> None:
     """Inductor's reduction tuning (``REDUCTION_TUNING``) on for the kernels of the graph
     being compiled (``on``), or back off where this module turned it on. Inductor reads the
     flags as it generates each kernel, after the post-grad passes, and the kernel keeps them:
-    the tuning runs at its first call (under graphs, a warm-up before the recording). Dynamo's
-    compile-end callback turns them off again, so that later compiles, and this compile's next
-    graph until its own pass decides, are not tuned for this graph's sake. A flag the user or
-    the mode set (max-autotune) is left alone."""
+    the tuning runs at its first call (under Inductor's graphs, a warm-up before the
+    recording). Dynamo's compile-end callback, the next graph's pass and ``disable()`` turn
+    them off again, so that later compiles are not tuned for this graph's sake. A flag the
+    user or the mode set (max-autotune) is left on. Limits: where one Dynamo compile makes
+    several graphs (a backward compiled with its forward, DDP's buckets), the next one is
+    traced with the flags on until its pass runs (Inductor's own one-row decompositions,
+    which this pass makes anyway under graphs, and its cache keys see them); a
+    higher-order op's subgraph is decided by its parent graph's pass, which runs last."""
     from torch._dynamo import callback_handler
-    from torch._inductor import config as inductor_config
 
     if on:
         if _end_of_compile not in callback_handler.end_callbacks:

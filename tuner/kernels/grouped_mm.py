@@ -126,8 +126,9 @@ class Picker:
             if hasattr(source, "rank"):
                 self.digest_ = f"model@{id(source):x}"
                 return self.digest_
+            packaged = settings.model_file_name("*", "*", "grouped")
             files = ([Path(source)] if source is not None
-                     else sorted(settings.PACKAGE_DATA.glob("cost_model_*_grouped.json.gz")))
+                     else sorted(settings.PACKAGE_DATA.glob(packaged)))
             h = hashlib.sha256()
             for f in files:  # the packaged ones: one per arch and dtype shipped
                 try:
