@@ -33,6 +33,8 @@ VARIABLES = {
                                "grouped (MoE) cost model for cutetune.grouped_mm and compile"),
     "CUTETUNE_FEEDBACK": ("none", "reduced mode: dataset folder receiving Inductor's timings"),
     "CUTETUNE_FUSE_SWIGLU": ("1", "fuse silu(gate) * up into one quack GEMM where measured faster"),
+    "CUTETUNE_TUNE_GEMV": ("1", "under CUDA graphs, tune a one-row GEMM's fused reductions as "
+                                "max-autotune does (seconds of compile)"),
     "CUTETUNE_CACHE": ("$XDG_CACHE_HOME/cutetune or ~/.cache/cutetune", "cutetune's cache folder"),
     "CUTETUNE_TEMPLATE_CACHE_DIR": ("<cache>/triton-templates",
                                     "Triton template kernels kept across processes"),
@@ -66,6 +68,7 @@ class CompileSettings:
     model: str | None
     feedback: str | None
     fuse_swiglu: bool
+    tune_gemv: bool
 
 
 def compile_settings(environ: Mapping[str, str] | None = None) -> CompileSettings:
@@ -78,11 +81,17 @@ def compile_settings(environ: Mapping[str, str] | None = None) -> CompileSetting
             top_k = int(env["CUTETUNE_TOPK"])
         except ValueError:
             raise ValueError(f"CUTETUNE_TOPK={env['CUTETUNE_TOPK']!r} is not an integer") from None
-    fuse = env.get("CUTETUNE_FUSE_SWIGLU", "").strip() or "1"
-    if fuse not in ("0", "1"):
-        raise ValueError(f"CUTETUNE_FUSE_SWIGLU={env['CUTETUNE_FUSE_SWIGLU']!r}; expected 0 or 1")
     return CompileSettings(mode, top_k, env.get("CUTETUNE_MODEL") or None,
-                           env.get("CUTETUNE_FEEDBACK") or None, fuse == "1")
+                           env.get("CUTETUNE_FEEDBACK") or None,
+                           _switch(env, "CUTETUNE_FUSE_SWIGLU"), _switch(env, "CUTETUNE_TUNE_GEMV"))
+
+
+def _switch(env: Mapping[str, str], name: str) -> bool:
+    """A 0/1 variable, unset or empty meaning 1."""
+    value = env.get(name, "").strip() or "1"
+    if value not in ("0", "1"):
+        raise ValueError(f"{name}={env[name]!r}; expected 0 or 1")
+    return value == "1"
 
 
 def cache_dir() -> Path:

@@ -20,8 +20,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cutetune.models.artifact import load_model, shipped_model_path
+from cutetune.models.artifact import load_model
 from cutetune.models.dataset import DatasetError
+from cutetune.settings import model_file_name
 from cutetune.commands.train import add_arguments, options_from, run
 from cutetune.space.problem import GROUPED_GEMMS
 from cutetune.space.suites import MOE_MODELS, expert_gemm, expert_projections
@@ -30,11 +31,12 @@ from cutetune.tuner.kernels.grouped_mm import RAGGED_RUNGS
 
 # shipped model -> (dataset, model file, report folder, kind)
 SHIPPED = {
-    "dense": ("data/inputs/h200_bf16", str(shipped_model_path("sm90", "bf16")),
+    "dense": ("data/inputs/h200_bf16", f"cutetune/data/{model_file_name('sm90', 'bf16')}",
               "data/reports/model_h200_bf16", "dense"),
-    "fp16": ("data/inputs/h200_fp16", str(shipped_model_path("sm90", "fp16")),
+    "fp16": ("data/inputs/h200_fp16", f"cutetune/data/{model_file_name('sm90', 'fp16')}",
              "data/reports/model_h200_fp16", "dense"),
-    "grouped": ("data/inputs/h200_bf16_grouped", str(shipped_model_path("sm90", "bf16", "grouped")),
+    "grouped": ("data/inputs/h200_bf16_grouped",
+                f"cutetune/data/{model_file_name('sm90', 'bf16', 'grouped')}",
                 "data/reports/model_h200_bf16_grouped", "grouped"),
 }
 

@@ -999,7 +999,11 @@ def test_enable_from_env(tmp_path):
     with iin.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_MODEL": path,
                              "CUTETUNE_FUSE_SWIGLU": "0"}):
         gemv = inductor_config.post_grad_custom_post_pass.user_pass  # grouped, then GEMV
-        assert isinstance(gemv, GemvPass) and gemv.user_pass is None
+        assert isinstance(gemv, GemvPass) and gemv.user_pass is None and gemv.tune
+    with iin.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_MODEL": path,
+                             "CUTETUNE_FUSE_SWIGLU": "0", "CUTETUNE_TUNE_GEMV": "0"}):
+        untuned = inductor_config.post_grad_custom_post_pass.user_pass
+        assert not untuned.tune and untuned.uuid() != gemv.uuid()  # apart in the FX cache
     with iin.enable_from_env({"CUTETUNE_MODE": "reduced", "CUTETUNE_TOPK": "3",
                              "CUTETUNE_MODEL": path,
                              "CUTETUNE_FEEDBACK": str(tmp_path / "fb")}) as inst:
@@ -1011,6 +1015,8 @@ def test_enable_from_env(tmp_path):
         iin.enable_from_env({"CUTETUNE_MODE": "reduced", "CUTETUNE_TOPK": "four"})
     with pytest.raises(ValueError, match="CUTETUNE_FUSE_SWIGLU='yes'"):
         iin.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_FUSE_SWIGLU": "yes"})
+    with pytest.raises(ValueError, match="CUTETUNE_TUNE_GEMV='no'"):
+        iin.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_TUNE_GEMV": "no"})
 
 
 def test_default_model_needs_packaged_heuristics(tmp_path, monkeypatch):
@@ -2093,9 +2099,9 @@ def test_gemv_pass_tunes_the_graphs_it_rewrote_until_the_compile_ends():
 
 def test_gemv_tuning_is_decided_per_graph_and_never_inside_a_capture(monkeypatch):
     """Within one compile (no end callback between them) the next graph's pass turns the
-    tuning off for a graph without a GEMV; a GEMV compiled inside a stream capture is not
-    tuned (its benchmarks would run in the capture); ``disable()`` turns off what a compile
-    without Dynamo's end callback left on."""
+    tuning off for a graph without a GEMV; a GEMV compiled inside a stream capture, or by a
+    pass told not to tune, is not tuned (in a capture its benchmarks would run inside it);
+    ``disable()`` turns off what a compile without Dynamo's end callback left on."""
     from cutetune.tuner.inductor import passes
     from cutetune.tuner.inductor.passes import REDUCTION_TUNING
 
@@ -2118,6 +2124,11 @@ def test_gemv_tuning_is_decided_per_graph_and_never_inside_a_capture(monkeypatch
         assert flags() == (True, True)
         iin.enable("predicted").disable()
         assert flags() == (False, False)
+        untuned = GemvPass("k", lambda device: "sm90", tune=False)
+        one_row = graph(1)
+        untuned(one_row)
+        assert flags() == (False, False)
+        assert not one_row.find_nodes(op="call_function", target=torch.ops.aten.mm.default)
     monkeypatch.setattr(passes, "under_cuda_graphs", lambda: True)  # a capture in progress
     one_row = graph(1)
     gemv(one_row)

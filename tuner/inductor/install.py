@@ -127,11 +127,11 @@ def prepare_grouped_kernels(kernels) -> None:
         grouped_mm.building(problem, config, lambda key=key: helper.build_state(key))
 
 
-def post_grad_pass(factory: ChoicesFactory, user_pass, fuse_swiglu: bool):
+def post_grad_pass(factory: ChoicesFactory, user_pass, fuse_swiglu: bool, tune_gemv: bool):
     """The grouped GEMM pass, after the SwiGLU fusion (``fuse_swiglu``), after the one-row
-    GEMVs (a GEMV leaves no mm to fuse), after the user's pass."""
+    GEMVs (a GEMV leaves no mm to fuse; tuned with ``tune_gemv``), after the user's pass."""
     gemv = GemvPass(f"{factory.mode}:{factory.code}",
-                    lambda device: problems.device_arch(device), user_pass)
+                    lambda device: problems.device_arch(device), user_pass, tune=tune_gemv)
     return grouped_pass(factory, swiglu_fusion_pass(factory, gemv) if fuse_swiglu else gemv)
 
 
@@ -217,12 +217,12 @@ class Installation:
     itself only the slots no later one replaced."""
 
     def __init__(self, factory: ChoicesFactory | None, feedback: FeedbackRecorder | None,
-                 prefetch_for=None, fuse_swiglu: bool = False) -> None:
+                 prefetch_for=None, fuse_swiglu: bool = False, tune_gemv: bool = True) -> None:
         self.factory, self.feedback = factory, feedback
         prev = self._prev = {}  # slot -> the value this installation found there
         prev["post_pass"] = _chain_pass(
             "post_grad_custom_post_pass", (GemvPass, SwigluFusionPass, GroupedMmPass),
-            (lambda user: post_grad_pass(factory, user, fuse_swiglu))
+            (lambda user: post_grad_pass(factory, user, fuse_swiglu, tune_gemv))
             if factory is not None else None)
         prev["pre_pass"] = _chain_pass(
             "pre_grad_custom_pass", EarlyPrefetchPass,
@@ -282,7 +282,7 @@ class Installation:
 
 def enable(mode: str = "predicted", top_k: int | None = None, model=None,
            feedback: str | os.PathLike | None = None, prefetch=True,
-           fuse_swiglu: bool = True) -> Installation:
+           fuse_swiglu: bool = True, tune_gemv: bool = True) -> Installation:
     """Install cutetune's choices into Inductor; use as a function or a context manager.
 
     ``model``: a heuristics file (``cutetune emit``), an object with ``lookup(problem)``, or a
@@ -296,6 +296,9 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
     object with submit(kernels)``. Both modes keep the Triton template kernels they lead Inductor to
     compile in cutetune's kernel cache (``template_cache.py``), and with ``fuse_swiglu``
     run ``silu(g) * mm(x, w)`` as one quack GEMM where ``decide_swiglu`` says (``swiglu.py``).
+    Under CUDA graphs a one-row GEMM becomes a GEMV that Inductor fuses (``GemvPass``), and
+    with ``tune_gemv`` its graph's reductions are tuned as max-autotune tunes them: seconds more
+    of compile for that graph, for a faster step.
     """
     mode = settings.parse_mode(mode)
     if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
@@ -318,15 +321,16 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
         if prefetch is True:  # started now (if ``cutetune.enable`` has not), it imports
             start_for_this_gpu()  # quack while Dynamo traces
     return Installation(factory, FeedbackRecorder(feedback) if feedback is not None else None,
-                        prefetch_for, fuse_swiglu)
+                        prefetch_for, fuse_swiglu, tune_gemv)
 
 
 def enable_from_env(environ=None) -> Installation | None:
     """``enable()`` configured by the environment (``settings.compile_settings``:
-    CUTETUNE_MODE, CUTETUNE_TOPK, CUTETUNE_MODEL, CUTETUNE_FEEDBACK, CUTETUNE_FUSE_SWIGLU).
+    CUTETUNE_MODE, CUTETUNE_TOPK, CUTETUNE_MODEL, CUTETUNE_FEEDBACK, CUTETUNE_FUSE_SWIGLU,
+    CUTETUNE_TUNE_GEMV).
     Returns None when the mode is off (or unset)."""
     s = settings.compile_settings(environ)
     if s.mode == "off":
         return None
     return enable(s.mode, top_k=s.top_k, model=s.model, feedback=s.feedback,
-                  fuse_swiglu=s.fuse_swiglu)
+                  fuse_swiglu=s.fuse_swiglu, tune_gemv=s.tune_gemv)

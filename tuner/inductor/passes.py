@@ -179,17 +179,18 @@ class GemvPass(ChainedPass):
     mode="max-autotune" has it. Inductor then fuses each GEMV into a reduction kernel with
     its neighbours (RMSNorm, residual adds, SwiGLU's product, attention's softmax), which no
     GEMM choice can do; under graphs fewer kernels also replay faster
-    (data/bench/cudagraphs_small_m_h100.json.gz at M=1). A graph it rewrote has its
-    reductions tuned as max-autotune's are (``tune_reductions``): untuned, they fell short of
-    the H200's bandwidth (data/bench/cudagraphs_small_m_h200.json.gz). Without graphs it
-    stays: there a GEMM's choice weighs the host (``decisions.host_bound_us``)."""
+    (data/bench/cudagraphs_small_m_h100.json.gz at M=1). With ``tune``, a graph it rewrote
+    has its reductions tuned as max-autotune's are (``tune_reductions``): untuned, they fell
+    short of the H200's bandwidth (data/bench/cudagraphs_small_m_h200.json.gz). Without
+    graphs it stays: there a GEMM's choice weighs the host (``decisions.host_bound_us``)."""
 
     NAME = "cutetune-gemv"
 
     def __init__(self, key: str, arch: Callable[[torch.device], str | None],
-                 user_pass: Callable[[torch.fx.Graph], None] | None = None) -> None:
-        super().__init__(key, user_pass)
-        self.arch = arch
+                 user_pass: Callable[[torch.fx.Graph], None] | None = None,
+                 tune: bool = True) -> None:
+        super().__init__(f"{key}:{'tuned' if tune else 'untuned'}", user_pass)
+        self.arch, self.tune = arch, tune
 
     def apply(self, graph: torch.fx.Graph) -> None:
         tune_reductions(False)  # each graph decides for its own kernels
@@ -213,7 +214,7 @@ class GemvPass(ChainedPass):
                          tuple(w.meta["val"].shape))
         # Inductor's own graphs warm up before recording; a capture in progress would run the
         # tuning's benchmarks inside it.
-        tune_reductions(rewrote and bool(inductor_config.triton.cudagraphs))
+        tune_reductions(rewrote and self.tune and bool(inductor_config.triton.cudagraphs))
 
     def _one_row(self, x, w) -> bool:
         vals = [getattr(t, "meta", {}).get("val") for t in (x, w)]
