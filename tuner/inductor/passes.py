@@ -35,6 +35,7 @@ from typing import Callable, Collection
 
 import torch
 import torch.nn.functional as F
+from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from ...space.config import KernelConfig
@@ -42,8 +43,6 @@ from ...space.problem import GemmProblem, ProblemError
 from ..kernels import grouped_mm, launcher, swiglu
 from ..kernels.problems import (config_ints, dynamo_gemms, fx_problem, grouped_problem,
                                static_ints, table_ints)
-from torch._inductor import config as inductor_config
-
 from .decisions import under_cuda_graphs
 
 log = logging.getLogger(__name__)
