@@ -34,7 +34,7 @@ def enable_from_env(environ=None):
     """``cutetune.tuner.inductor.enable_from_env``, entered as ``enable`` is."""
     from . import settings
 
-    if settings.compile_settings(environ).mode == "reduced":
+    if settings.compile_mode(environ) == "reduced":
         _start_compile_helper()
     from .tuner.inductor.install import enable_from_env as enable_inductor_from_env
 

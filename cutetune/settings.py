@@ -61,9 +61,9 @@ def parse_mode(text: str, variable: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class CompileSettings:
-    """What ``enable_from_env`` installs."""
+    """``enable()``'s defaults from the environment: an argument given to ``enable()`` wins
+    over its variable; CUTETUNE_TOPK and CUTETUNE_FEEDBACK serve reduced mode only."""
 
-    mode: str
     top_k: int | None
     model: str | None
     feedback: str | None
@@ -71,17 +71,21 @@ class CompileSettings:
     tune_gemv: bool
 
 
+def compile_mode(environ: Mapping[str, str] | None = None) -> str:
+    """CUTETUNE_MODE: the mode ``enable_from_env()`` installs ("off" when unset)."""
+    raw = _env(environ).get("CUTETUNE_MODE", "").strip()
+    return parse_mode(raw, "CUTETUNE_MODE") if raw else "off"
+
+
 def compile_settings(environ: Mapping[str, str] | None = None) -> CompileSettings:
     env = _env(environ)
-    raw = env.get("CUTETUNE_MODE", "").strip()
-    mode = parse_mode(raw, "CUTETUNE_MODE") if raw else "off"
     top_k = None
     if env.get("CUTETUNE_TOPK", "").strip():
         try:
             top_k = int(env["CUTETUNE_TOPK"])
         except ValueError:
             raise ValueError(f"CUTETUNE_TOPK={env['CUTETUNE_TOPK']!r} is not an integer") from None
-    return CompileSettings(mode, top_k, env.get("CUTETUNE_MODEL") or None,
+    return CompileSettings(top_k, env.get("CUTETUNE_MODEL") or None,
                            env.get("CUTETUNE_FEEDBACK") or None,
                            _switch(env, "CUTETUNE_FUSE_SWIGLU"), _switch(env, "CUTETUNE_TUNE_GEMV"))
 

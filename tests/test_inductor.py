@@ -918,7 +918,7 @@ def test_mode_names_follow_one_rule():
     import cutetune
 
     assert settings.parse_mode(" Predicted ") == "predicted"
-    assert settings.compile_settings({"CUTETUNE_MODE": "Predicted"}).mode == "predicted"
+    assert settings.compile_mode({"CUTETUNE_MODE": "Predicted"}) == "predicted"
     with iin.enable("Predicted", model=FakeHeuristics()) as inst:
         assert inst.factory.mode == "predicted"
     with cutetune.enable("REDUCED", top_k=2, model=FakeHeuristics(), prefetch=False) as inst:
@@ -1017,6 +1017,30 @@ def test_enable_from_env(tmp_path):
         iin.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_FUSE_SWIGLU": "yes"})
     with pytest.raises(ValueError, match="CUTETUNE_TUNE_GEMV='no'"):
         iin.enable_from_env({"CUTETUNE_MODE": "predicted", "CUTETUNE_TUNE_GEMV": "no"})
+
+
+def test_enable_takes_unset_arguments_from_the_environment(tmp_path, monkeypatch):
+    """A deployment's switch (CUTETUNE_TUNE_GEMV=0 and the like) holds when code calls
+    enable() itself; an argument given wins; TOPK and FEEDBACK serve reduced mode only."""
+    path = _write_heuristics(tmp_path)
+    for name, value in {"CUTETUNE_MODEL": path, "CUTETUNE_FUSE_SWIGLU": "0",
+                        "CUTETUNE_TUNE_GEMV": "0", "CUTETUNE_TOPK": "3",
+                        "CUTETUNE_FEEDBACK": str(tmp_path / "fb")}.items():
+        monkeypatch.setenv(name, value)
+    with iin.enable("predicted") as inst:  # TOPK and FEEDBACK would be errors here
+        gemv = inductor_config.post_grad_custom_post_pass.user_pass
+        assert isinstance(gemv, GemvPass) and gemv.user_pass is None and not gemv.tune
+        assert inst.factory.source == Heuristics.load(path).digest and inst.feedback is None
+    with iin.enable("predicted", fuse_swiglu=True, tune_gemv=True, model=FakeHeuristics()):
+        swiglu = inductor_config.post_grad_custom_post_pass.user_pass  # grouped, SwiGLU, GEMV
+        assert isinstance(swiglu, SwigluFusionPass) and swiglu.user_pass.tune
+    with iin.enable("reduced", prefetch=False) as inst:
+        assert inst.factory.top_k == 3 and inst.feedback is not None
+    with iin.enable("reduced", top_k=2, prefetch=False) as inst:
+        assert inst.factory.top_k == 2
+    monkeypatch.setenv("CUTETUNE_TUNE_GEMV", "no")
+    with pytest.raises(ValueError, match="CUTETUNE_TUNE_GEMV='no'"):
+        iin.enable("predicted")
 
 
 def test_default_model_needs_packaged_heuristics(tmp_path, monkeypatch):

@@ -282,8 +282,12 @@ class Installation:
 
 def enable(mode: str = "predicted", top_k: int | None = None, model=None,
            feedback: str | os.PathLike | None = None, prefetch=True,
-           fuse_swiglu: bool = True, tune_gemv: bool = True) -> Installation:
+           fuse_swiglu: bool | None = None, tune_gemv: bool | None = None, *,
+           environ=None) -> Installation:
     """Install cutetune's choices into Inductor; use as a function or a context manager.
+    An argument left None takes its CUTETUNE_ variable from ``environ`` (default os.environ;
+    ``settings.compile_settings``), so that a deployment's switch holds whichever way its
+    code enables cutetune; an argument given wins.
 
     ``model``: a heuristics file (``cutetune emit``), an object with ``lookup(problem)``, or a
     cost model with ``rank``/``prefers_cublas``; default: the heuristics packaged with
@@ -301,6 +305,13 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
     of compile for that graph, for a faster step.
     """
     mode = settings.parse_mode(mode)
+    env = settings.compile_settings(environ)
+    if mode == "reduced":
+        top_k = env.top_k if top_k is None else top_k
+        feedback = env.feedback if feedback is None else feedback
+    model = env.model if model is None else model
+    fuse_swiglu = env.fuse_swiglu if fuse_swiglu is None else fuse_swiglu
+    tune_gemv = env.tune_gemv if tune_gemv is None else tune_gemv
     if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
     if mode == "predicted" and top_k not in (None, 1):
@@ -325,12 +336,7 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
 
 
 def enable_from_env(environ=None) -> Installation | None:
-    """``enable()`` configured by the environment (``settings.compile_settings``:
-    CUTETUNE_MODE, CUTETUNE_TOPK, CUTETUNE_MODEL, CUTETUNE_FEEDBACK, CUTETUNE_FUSE_SWIGLU,
-    CUTETUNE_TUNE_GEMV).
+    """``enable()`` in the mode of CUTETUNE_MODE, its arguments from the environment too.
     Returns None when the mode is off (or unset)."""
-    s = settings.compile_settings(environ)
-    if s.mode == "off":
-        return None
-    return enable(s.mode, top_k=s.top_k, model=s.model, feedback=s.feedback,
-                  fuse_swiglu=s.fuse_swiglu, tune_gemv=s.tune_gemv)
+    mode = settings.compile_mode(environ)
+    return None if mode == "off" else enable(mode, environ=environ)
