@@ -7,7 +7,10 @@
 #   repeat      a fixed set measured again          -> second dataset (timing-noise report)
 #   layouts     the train suite's layers' GEMMs in the kn, mk and mn layouts (kn their input
 #               gradients, mn their weight gradients), sampled configs -> dataset h200_bf16
-#               (each data stage runs until the deadline: one a call)
+#               (each data stage runs until the deadline: one a call; layouts, bmm and fp16
+#               draw each problem's 150 from 300 kernels per layout and dtype, sample:150@300,
+#               so that a fresh machine compiles about 880 kernels, not 3500, before the GPU
+#               measures at its own pace: data/reports/config_pool_compile_plan.json)
 #   layouts_exhaustive  the exhaustive suite in those layouts, every config -> h200_bf16
 #   bmm         the bmm suite (attention's batched GEMMs), sampled configs -> h200_bf16
 #   fp16        the train suite in fp16, sampled configs -> dataset h200_fp16
@@ -72,16 +75,16 @@ for stage in "$@"; do
       python -m cutetune collect --problems train --configs sample:150 --out "$ROOT/h200_bf16" \
         --time-budget "$(left $AFTER_TRAIN)" --stats "$OUT/collect_train_stats.json" 2>&1 | tail -n 30 ;;
     layouts)
-      python -m cutetune collect --problems train --layouts kn,mk,mn --configs sample:150 \
+      python -m cutetune collect --problems train --layouts kn,mk,mn --configs sample:150@300 \
         --out "$ROOT/h200_bf16" --time-budget "$(left 30)" --stats "$OUT/collect_layouts_stats.json" 2>&1 | tail -n 5 ;;
     layouts_exhaustive)
       python -m cutetune collect --problems exhaustive --layouts kn,mk,mn --configs all --target-ms 1 \
         --out "$ROOT/h200_bf16" --time-budget "$(left 30)" --stats "$OUT/collect_layouts_exh_stats.json" 2>&1 | tail -n 5 ;;
     bmm)
-      python -m cutetune collect --problems bmm --configs sample:150 \
+      python -m cutetune collect --problems bmm --configs sample:150@300 \
         --out "$ROOT/h200_bf16" --time-budget "$(left 30)" --stats "$OUT/collect_bmm_stats.json" 2>&1 | tail -n 5 ;;
     fp16)
-      python -m cutetune collect --problems train --dtype fp16 --configs sample:150 \
+      python -m cutetune collect --problems train --dtype fp16 --configs sample:150@300 \
         --out "$ROOT/h200_fp16" --time-budget "$(left 30)" --stats "$OUT/collect_fp16_stats.json" 2>&1 | tail -n 5 ;;
     exhaustive)
       python -m cutetune collect --problems exhaustive --configs all --target-ms 1 --out "$ROOT/h200_bf16" \

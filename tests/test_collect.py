@@ -91,6 +91,53 @@ def test_collect_isolates_failures_and_resumes(tmp_path, monkeypatch):
     assert len(dataset.load(out)) == len(t)
 
 
+def plain_compile(task):
+    return 0.01
+
+
+def plain_measure(task):
+    return [_row(task, None)] * task.cublas + [_row(task, c) for c in task.configs]
+
+
+def test_a_sampled_problem_is_done_at_its_count_whichever_configs_it_has(tmp_path):
+    """'sample:N' resumes by count: a problem holding N configs (another spec's sample, a
+    pool's) asks for none; one holding fewer gets the rest of its own sample."""
+    problems = [("t", GemmProblem(256, 512, 1024)), ("t", GemmProblem(512, 1024, 256))]
+    out = str(tmp_path / "ds")
+
+    def run(spec):
+        return collect(problems, spec, out, compile_workers=1, cache_dir=str(tmp_path / "c"),
+                       measure_fn=plain_measure, gpu_init=fake_init, compile_fn=plain_compile)
+
+    assert run("sample:4")["measured"] == 2 * 5  # and cuBLAS
+    assert run("sample:4@3")["measured"] == 0
+    assert run("sample:6")["measured"] == 2 * 2
+    rows = dataset.load(out).to_pylist()
+    assert len({(r["problem_key"], r["config_key"]) for r in rows if r["backend"] == "quack"}) \
+        == 2 * 6
+
+
+def test_a_pooled_sample_draws_from_its_classes_pool():
+    """'sample:N@K': N valid configs per problem from K compile keys shared by the problems of
+    a kernel class (dtype, majors), topped up from the rest where the pool has too few."""
+    from cutetune.space.rules import family_of, is_valid
+    from cutetune.tuner.kernels.compile import signature_class
+    from cutetune.tuner.measure.collect import config_pool, configs_for
+
+    up, down = GemmProblem(4096, 14336, 4096), GemmProblem(4096, 4096, 14336)
+    keys = {c.compile_key() for p in (up, down) for c in configs_for(p, "sample:20@10", 0)}
+    assert len(keys) <= 10
+    assert configs_for(up, "sample:20@10", 0) == configs_for(up, "sample:20@10", 0)
+    assert configs_for(up, "sample:20@10", 0) != configs_for(up, "sample:20@10", 1)
+    topped = configs_for(up, "sample:30@10", 0)  # 10 keys hold at most 20 configs (swizzles)
+    assert len(set(topped)) == 30 and len({c.compile_key() for c in topped}) > 10
+    assert all(is_valid(c, "sm90", up) for c in topped)
+    grad = GemmProblem(4096, 14336, 4096, a_major="m", b_major="n")  # its own class and pool
+    pools = [config_pool(signature_class(p, topped[0])[:-1], family_of(p), 300, 0)
+             for p in (up, grad)]
+    assert len(pools[0]) == len(pools[1]) == 300 and pools[0] != pools[1]
+
+
 def _with_timeout(cls, timeout_s):
     def make(fn, n, **kw):
         kw["timeout_s"] = min(kw.get("timeout_s", timeout_s), timeout_s)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -412,15 +413,18 @@ def test_a_problems_file_of_the_wrong_content_names_itself_and_the_item(tmp_path
     assert [(s, p.m) for s, p in load_problems(str(ok), "bf16", "sm90", 0)] == [("ok", 128)]
 
 
-@pytest.mark.parametrize("spec", ["sample:abc", "sample:0", "sample:-1", "sample:"])
-def test_a_bad_config_sample_names_the_option(spec, capsys, no_gpu):
+@pytest.mark.parametrize("spec,what", [
+    ("sample:abc", "a count N"), ("sample:0", "a count N"), ("sample:-1", "a count N"),
+    ("sample:", "a count N"), ("sample:0@300", "a count N"), ("sample:5@0", "a pool size K"),
+    ("sample:5@x", "a pool size K"), ("sample:5@", "a pool size K")])
+def test_a_bad_config_sample_names_the_option(spec, what, capsys, no_gpu):
     """Refused as the command is read: before the GPU check (none here) and any work."""
     from cutetune.space import GemmProblem
     from cutetune.tuner.measure.collect import configs_for
 
-    message = f"--configs sample:N needs a count N >= 1, got '{spec}'"
+    message = f"--configs sample:N[@K] needs {what} >= 1, got '{spec}'"
     assert message in _one_line(capsys, main(["collect", "--configs", spec]), "collect")
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         configs_for(GemmProblem(128, 256, 512), spec, 0)
     assert len(configs_for(GemmProblem(128, 256, 512), "sample:3", 0)) == 3
 

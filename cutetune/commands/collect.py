@@ -20,7 +20,10 @@ def register(sub) -> None:
                    help="suite (llm, random, train, exhaustive, bmm, moe, moe_large, moe_random; 'a+b' "
                         "joins) or a JSON file")
     p.add_argument("--configs", default="sample:150",
-                   help="'all' valid configs, 'sample:N' per problem, or a JSON file of configs")
+                   help="'all' valid configs; 'sample:N' per problem (a problem with N measured "
+                   "is done); 'sample:N@K' the same from K kernels per layout and dtype, so "
+                   "that a fresh machine compiles K before it measures at GPU speed; or a "
+                   "JSON file of configs")
     p.add_argument("--out", default="data/inputs/h200_bf16",
                    help="dataset folder (appended, resumable)")
     p.add_argument("--arch", default="sm90", choices=("sm90", "sm100"))

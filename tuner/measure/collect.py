@@ -15,8 +15,9 @@ import os
 import sys
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from ... import progress
@@ -25,11 +26,13 @@ from ...artifacts import write_atomic
 from ...models import dataset
 from ...models.kinds import kind_of
 from ...space.config import KernelConfig
-from ...space.enumerate import enumerate_configs
+from ...space.enumerate import compile_keys, enumerate_configs
 from ...space.problem import GemmProblem, GroupedProblem
+from ...space.rules import family_of
 from ...space.suites import (GROUPED_SUITES, ROUTINGS, check_routings, grouped_suite,
                              routing_counts, suite)
 
+from ..kernels.compile import signature_class
 from .executor import GpuExecutor, Measure, compile_task, measure_task
 from .timing import TimingPolicy, init_gpu_worker
 
@@ -91,34 +94,63 @@ def _problem_hash(problem, seed: int) -> int:
 
 
 def check_configs_spec(spec: str) -> int | None:
-    """The count of a 'sample:N' spec (None for another spec); ValueError naming --configs
-    where N is not a count."""
+    """The count N of a 'sample:N' or 'sample:N@K' spec (None for another spec); ValueError
+    naming --configs where N or K is not a count."""
     if not spec.startswith("sample:"):
         return None
-    try:
-        n = int(spec.split(":", 1)[1])
-    except ValueError as e:
-        raise ValueError(f"--configs sample:N needs a count N >= 1, got {spec!r} ({e})") from None
-    if n < 1:
-        raise ValueError(f"--configs sample:N needs a count N >= 1, got {spec!r}")
-    return n
+    n, at, pool = spec.split(":", 1)[1].partition("@")
+    for text, what in ((n, "a count N"), *(((pool, "a pool size K"),) if at else ())):
+        try:
+            ok = int(text) >= 1
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"--configs sample:N[@K] needs {what} >= 1, got {spec!r}")
+    return int(n)
+
+
+def _pool_size(spec: str) -> int | None:
+    return int(spec.partition("@")[2]) if spec.startswith("sample:") and "@" in spec else None
+
+
+@lru_cache(maxsize=None)
+def config_pool(kernel_class: tuple, family: str, size: int, seed: int) -> frozenset:
+    """``size`` compile keys drawn once for problems of ``kernel_class`` (``signature_class``
+    less its config): 'sample:N@K' draws each problem's N configs from these, so that a
+    fresh machine compiles K kernels per class before problems measure at GPU speed, not
+    most of the class's ~1200 as each new problem's own sample asks for more."""
+    import random
+
+    keys = compile_keys(enumerate_configs(kernel_class[0], family=family))
+    return frozenset(keys if size >= len(keys)
+                     else random.Random(f"{seed}:{kernel_class}").sample(keys, size))
 
 
 def configs_for(problem: GemmProblem, spec: str, seed: int) -> list[KernelConfig]:
-    """'all', 'sample:N' (a per-problem seeded sample), or a JSON file of config objects."""
+    """'all', 'sample:N' (a per-problem seeded sample), 'sample:N@K' (the same, drawn from
+    ``config_pool``'s K compile keys, topped up from the rest where the pool holds fewer than
+    N valid configs), or a JSON file of config objects."""
     valid = enumerate_configs(problem.arch, problem)
     if spec == "all":
         return valid
     if spec.startswith("sample:"):
         import random
 
-        n = check_configs_spec(spec)
-        h = _problem_hash(problem, seed)
-        return valid if n >= len(valid) else random.Random(h).sample(valid, n)
+        n, pool = check_configs_spec(spec), _pool_size(spec)
+        rng = random.Random(_problem_hash(problem, seed))
+        if pool is None:
+            return valid if n >= len(valid) else rng.sample(valid, n)
+        keys = config_pool(signature_class(problem, valid[0])[:-1], family_of(problem), pool,
+                           seed) if valid else frozenset()
+        inside = [c for c in valid if c.compile_key() in keys]
+        if len(inside) >= n:
+            return rng.sample(inside, n)
+        rest = [c for c in valid if c.compile_key() not in keys]
+        return inside + rng.sample(rest, min(n - len(inside), len(rest)))
     try:
         items = json.loads(Path(spec).read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"--configs must be 'all', 'sample:N' or a JSON file; {spec}: {e}") from e
+        raise ValueError(f"--configs must be 'all', 'sample:N[@K]' or a JSON file; {spec}: {e}") from e
     return [KernelConfig.from_dict(d) for d in items]
 
 
@@ -181,6 +213,10 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
     # tasks reuse the problem's operand buffers.
     requests: list[tuple[Measure, list[KernelConfig]]] = []
     seen: set = set()
+    # 'sample:N': a problem with N configs measured is done, whichever they are (another
+    # spec's sample, a pool's)
+    quota = check_configs_spec(configs_spec)
+    have = Counter((k[0], k[3]) for k in done if k[1] == "quack") if quota else Counter()
     for name, p in problems:
         if p in seen:
             continue
@@ -192,6 +228,8 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
             routing = dataset.routing_text(counts)
             todo = [c for c in configs
                     if dataset.measurement_key(p.key(), "quack", c.short(), routing) not in done]
+            if quota:
+                todo = todo[:max(0, quota - have[(p.key(), routing)])]
             cublas = dataset.measurement_key(p.key(), baseline_backend(p), "", routing) not in done
             for i in range(0, max(len(todo), 1), CHUNK):
                 if todo[i:i + CHUNK] or cublas:
