@@ -7,7 +7,6 @@ the call that needs them. The README's settings table lists the same variables.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
@@ -59,16 +58,10 @@ def parse_mode(text: str, variable: str | None = None) -> str:
     return mode
 
 
-@dataclass(frozen=True)
-class CompileSettings:
-    """``enable()``'s defaults from the environment: an argument given to ``enable()`` wins
-    over its variable; CUTETUNE_TOPK and CUTETUNE_FEEDBACK serve reduced mode only."""
-
-    top_k: int | None
-    model: str | None
-    feedback: str | None
-    fuse_swiglu: bool
-    tune_gemv: bool
+# enable()'s arguments, each with the variable that stands in for it when left None
+COMPILE_VARIABLES = {"top_k": "CUTETUNE_TOPK", "model": "CUTETUNE_MODEL",
+                     "feedback": "CUTETUNE_FEEDBACK", "fuse_swiglu": "CUTETUNE_FUSE_SWIGLU",
+                     "tune_gemv": "CUTETUNE_TUNE_GEMV"}
 
 
 def compile_mode(environ: Mapping[str, str] | None = None) -> str:
@@ -77,17 +70,20 @@ def compile_mode(environ: Mapping[str, str] | None = None) -> str:
     return parse_mode(raw, "CUTETUNE_MODE") if raw else "off"
 
 
-def compile_settings(environ: Mapping[str, str] | None = None) -> CompileSettings:
-    env = _env(environ)
-    top_k = None
-    if env.get("CUTETUNE_TOPK", "").strip():
-        try:
-            top_k = int(env["CUTETUNE_TOPK"])
-        except ValueError:
-            raise ValueError(f"CUTETUNE_TOPK={env['CUTETUNE_TOPK']!r} is not an integer") from None
-    return CompileSettings(top_k, env.get("CUTETUNE_MODEL") or None,
-                           env.get("CUTETUNE_FEEDBACK") or None,
-                           _switch(env, "CUTETUNE_FUSE_SWIGLU"), _switch(env, "CUTETUNE_TUNE_GEMV"))
+def compile_setting(argument: str, environ: Mapping[str, str] | None = None):
+    """``enable()``'s ``argument`` from its variable (``COMPILE_VARIABLES``), checked; read
+    only when asked, so that a bad variable fails only where it would be used."""
+    env, name = _env(environ), COMPILE_VARIABLES[argument]
+    if argument in ("fuse_swiglu", "tune_gemv"):
+        return _switch(env, name)
+    if argument != "top_k":
+        return env.get(name) or None
+    if not env.get(name, "").strip():
+        return None
+    try:
+        return int(env[name])
+    except ValueError:
+        raise ValueError(f"{name}={env[name]!r} is not an integer") from None
 
 
 def _switch(env: Mapping[str, str], name: str) -> bool:

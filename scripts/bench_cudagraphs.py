@@ -48,9 +48,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchlib import (HIDDEN, INTER, KV, LIMITS, compiled_step, gpu_kernels, interleaved,
-                      kernel_counts, limit_check, mode_installation, run_and_capture_code,
-                      time_calls, wait_for_helpers)
+from benchlib import (HIDDEN, INTER, KV, LIMITS, compiled_step, cutetune_variables, gpu_kernels,
+                      interleaved, kernel_counts, limit_check, mode_installation,
+                      run_and_capture_code, time_calls, wait_for_helpers)
 from cutetune.artifacts import write_artifact
 
 MS = (1, 16, 128, 256, 4, 64)  # spread first: a budget cut leaves the range covered
@@ -303,7 +303,7 @@ def main(argv=None) -> int:
     meta = {"argv": sys.argv[1:], "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "layers": args.layers, "rounds": args.rounds,
             "heuristics_digest": PackagedHeuristics().digest, "budget_s": args.budget_s,
-            "pid": os.getpid(), "started": time.time(),
+            "pid": os.getpid(), "started": time.time(), "variables": cutetune_variables(),
             "modes": {"cudagraphs": "torch.compile with triton.cudagraphs (mode="
                       "'reduce-overhead'); max-autotune as mode='max-autotune'",
                       "no_cudagraphs": "max-autotune: max_autotune, GEMM backends ATEN,TRITON; "

@@ -38,8 +38,8 @@ from unittest import mock
 import numpy as np
 
 from bench_cudagraphs import decoder_stack
-from benchlib import (HIDDEN, compiled_step, gpu_kernels, interleaved, kernel_counts,
-                      mode_installation, wait_for_helpers)
+from benchlib import (HIDDEN, compiled_step, cutetune_variables, gpu_kernels, interleaved,
+                      kernel_counts, mode_installation, wait_for_helpers)
 from cutetune.artifacts import write_artifact
 
 MODES = ("default", "predicted", "reduced")
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     res = {"meta": {"argv": sys.argv[1:] if argv is None else argv,
                     "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "layers": args.layers, "rounds": args.rounds, "repeats": args.repeats,
-                    "sdpa": args.sdpa, "pid": os.getpid(),
+                    "sdpa": args.sdpa, "pid": os.getpid(), "variables": cutetune_variables(),
                     "heuristics_digest": PackagedHeuristics().digest,
                     "total_s": round(time.perf_counter() - started, 1)},
            "target": {"predicted_over_default_at_most": 1.0,

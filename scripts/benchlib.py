@@ -203,6 +203,12 @@ def fresh_step(module):
     return namespace["step"]
 
 
+def cutetune_variables() -> dict:
+    """The CUTETUNE_ variables this run saw: ``enable()`` takes its unset arguments from them,
+    so a result file records them beside its modes."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("CUTETUNE_")}
+
+
 def mode_installation(mode: str, heldout_model: str | None):
     """The mode's cutetune installation (a context manager; none for default and
     max-autotune): predicted-heldout is predicted with ``heldout_model``, predicted-unfused

@@ -19,6 +19,16 @@ def _own_cutetune_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("CUTETUNE_CACHE", str(tmp_path_factory.mktemp("cutetune-cache")))
 
 
+@pytest.fixture(autouse=True)
+def _no_compile_variables(monkeypatch):
+    """enable() takes an argument left out from its variable: a developer's or the GPU host's
+    CUTETUNE_TOPK, _FEEDBACK, ... must not steer the tests."""
+    from cutetune.settings import COMPILE_VARIABLES
+
+    for name in ("CUTETUNE_MODE", *COMPILE_VARIABLES.values()):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture
 def run_script(tmp_path_factory):
     """``run(source, *args, env=None, drop=(), timeout=600)``: run the Python ``source`` as a

@@ -109,7 +109,8 @@ def test_a_sampled_problem_is_done_at_its_count_whichever_configs_it_has(tmp_pat
         return collect(problems, spec, out, compile_workers=1, cache_dir=str(tmp_path / "c"),
                        measure_fn=plain_measure, gpu_init=fake_init, compile_fn=plain_compile)
 
-    assert run("sample:4")["measured"] == 2 * 5  # and cuBLAS
+    assert run("sample:2@5")["measured"] == 2 * 3  # and cuBLAS
+    assert run("sample:4")["measured"] == 2 * 2  # the 2 it lacks, of its own sample
     assert run("sample:4@3")["measured"] == 0
     assert run("sample:6")["measured"] == 2 * 2
     rows = dataset.load(out).to_pylist()
@@ -129,6 +130,8 @@ def test_a_pooled_sample_draws_from_its_classes_pool():
     assert len(keys) <= 10
     assert configs_for(up, "sample:20@10", 0) == configs_for(up, "sample:20@10", 0)
     assert configs_for(up, "sample:20@10", 0) != configs_for(up, "sample:20@10", 1)
+    kk = signature_class(up, configs_for(up, "sample:1", 0)[0])[:-1]
+    assert config_pool(kk, family_of(up), 10, 0) != config_pool(kk, family_of(up), 10, 1)
     topped = configs_for(up, "sample:30@10", 0)  # 10 keys hold at most 20 configs (swizzles)
     assert len(set(topped)) == 30 and len({c.compile_key() for c in topped}) > 10
     assert all(is_valid(c, "sm90", up) for c in topped)

@@ -132,6 +132,19 @@ def test_plan_covers_pending_work_once():
         plan.configs(dataclasses.replace(items[0], space="0" * 12))
 
 
+def test_plan_takes_a_sampled_problem_as_done_at_its_count():
+    """As collect does: 'sample:N' plans for a problem only what it lacks of N quack rows,
+    whichever configs it holds."""
+    work = fplan.Work("t", "sm90", "bf16", "sample:4", 0, item_size=8)
+    p = GemmProblem(256, 512, 1024)
+    other = [c for c in fplan.configs_for(p, "sample:40", 7) if c not in work.candidates(p)]
+    done = {key(p.key(), "quack", c.short()) for c in other[:3]} | {key(p.key(), "cublas")}
+    items = fplan.plan_items([("a", p)], work, done)
+    assert [len(it.indices) for it in items] == [1]
+    done.add(key(p.key(), "quack", other[3].short()))
+    assert fplan.plan_items([("a", p)], work, done) == []
+
+
 def test_gpu_executor_isolates_failures(tmp_path):
     """The GPU worker's scheduling, with the hardware edges swapped for test_collect's CPU
     stand-ins: a config that kills the GPU worker and one that does not compile are recorded

@@ -1038,9 +1038,20 @@ def test_enable_takes_unset_arguments_from_the_environment(tmp_path, monkeypatch
         assert inst.factory.top_k == 3 and inst.feedback is not None
     with iin.enable("reduced", top_k=2, prefetch=False) as inst:
         assert inst.factory.top_k == 2
+    with iin.enable("predicted", model=FakeHeuristics(), environ={}):  # none of them
+        swiglu = inductor_config.post_grad_custom_post_pass.user_pass
+        assert isinstance(swiglu, SwigluFusionPass) and swiglu.user_pass.tune
+    # a bad variable fails where it is read, and only there
     monkeypatch.setenv("CUTETUNE_TUNE_GEMV", "no")
+    monkeypatch.setenv("CUTETUNE_TOPK", "four")
     with pytest.raises(ValueError, match="CUTETUNE_TUNE_GEMV='no'"):
         iin.enable("predicted")
+    with pytest.raises(ValueError, match="CUTETUNE_TOPK='four'"):
+        iin.enable("reduced", tune_gemv=True, prefetch=False)
+    with iin.enable("predicted", tune_gemv=True):  # TOPK serves reduced mode only
+        pass
+    with iin.enable("off"):
+        pass
 
 
 def test_default_model_needs_packaged_heuristics(tmp_path, monkeypatch):

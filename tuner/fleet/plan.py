@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from ...models.dataset import measurement_key
 from ...space.config import KernelConfig
 from ...space.problem import GemmProblem
-from ..measure.collect import configs_for
+from ..measure.collect import configs_for, sample_quota
 from ..search.storage import HOLDER_ATTR as WORKER_ATTR
 
 PLAN_ATTR = "cutetune_plan"
@@ -23,7 +23,7 @@ PLAN_VERSION = 1
 class Work:
     """What a study measures; every item resolves its configs through ``candidates``.
 
-    configs is 'all' or 'sample:N' (resolved per problem with the seed), or the config list
+    configs is 'all' or 'sample:N[@K]' (resolved per problem with the seed), or the config list
     of a JSON file, stored in the plan so that hosts without the file can run its items.
     """
 
@@ -128,14 +128,14 @@ def plan_items(problems: list[tuple[str, GemmProblem]], work: Work,
                done: set[tuple]) -> list[WorkItem]:
     """Items covering every (problem, config) and cuBLAS baseline not in ``done``; the cuBLAS
     row rides with a problem's first item."""
-    items, seen = [], set()
+    items, seen, lacking = [], set(), sample_quota(work.configs, done)
     for suite, p in problems:
         if p in seen:
             continue
         seen.add(p)
         pk, cands = p.key(), work.candidates(p)
-        todo = [i for i, c in enumerate(cands)
-                if measurement_key(pk, "quack", c.short()) not in done]
+        todo = lacking(pk, None, [i for i, c in enumerate(cands)
+                                  if measurement_key(pk, "quack", c.short()) not in done])
         cublas = measurement_key(pk, "cublas") not in done
         chunks = [todo[i:i + work.item_size] for i in range(0, len(todo), work.item_size)]
         for j, chunk in enumerate(chunks or ([[]] if cublas else [])):

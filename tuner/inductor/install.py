@@ -285,9 +285,9 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
            fuse_swiglu: bool | None = None, tune_gemv: bool | None = None, *,
            environ=None) -> Installation:
     """Install cutetune's choices into Inductor; use as a function or a context manager.
-    An argument left None takes its CUTETUNE_ variable from ``environ`` (default os.environ;
-    ``settings.compile_settings``), so that a deployment's switch holds whichever way its
-    code enables cutetune; an argument given wins.
+    An argument left None takes its variable (``settings.COMPILE_VARIABLES``; top_k's and
+    feedback's in reduced mode only) from ``environ`` (default os.environ; ``{}``: none), so
+    that a deployment's switch holds whichever way its code enables cutetune.
 
     ``model``: a heuristics file (``cutetune emit``), an object with ``lookup(problem)``, or a
     cost model with ``rank``/``prefers_cublas``; default: the heuristics packaged with
@@ -305,13 +305,15 @@ def enable(mode: str = "predicted", top_k: int | None = None, model=None,
     of compile for that graph, for a faster step.
     """
     mode = settings.parse_mode(mode)
-    env = settings.compile_settings(environ)
-    if mode == "reduced":
-        top_k = env.top_k if top_k is None else top_k
-        feedback = env.feedback if feedback is None else feedback
-    model = env.model if model is None else model
-    fuse_swiglu = env.fuse_swiglu if fuse_swiglu is None else fuse_swiglu
-    tune_gemv = env.tune_gemv if tune_gemv is None else tune_gemv
+    if mode != "off":
+        def unset(argument, value, applies=True):
+            return (settings.compile_setting(argument, environ) if value is None and applies
+                    else value)
+
+        reduced = mode == "reduced"
+        top_k, feedback = unset("top_k", top_k, reduced), unset("feedback", feedback, reduced)
+        model, fuse_swiglu = unset("model", model), unset("fuse_swiglu", fuse_swiglu)
+        tune_gemv = unset("tune_gemv", tune_gemv)
     if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
     if mode == "predicted" and top_k not in (None, 1):

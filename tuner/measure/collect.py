@@ -113,6 +113,17 @@ def _pool_size(spec: str) -> int | None:
     return int(spec.partition("@")[2]) if spec.startswith("sample:") and "@" in spec else None
 
 
+def sample_quota(spec, done: set[tuple]):
+    """``(problem_key, routing, todo) -> todo`` cut to what the problem lacks of the N quack
+    measurements of a 'sample:N' ``spec``, whichever configs it holds (another spec's sample,
+    a pool's, failed ones): such a problem is done at N. Other specs: ``todo`` as it is."""
+    n = check_configs_spec(spec) if isinstance(spec, str) else None
+    if not n:
+        return lambda key, routing, todo: todo
+    have = Counter((k[0], k[3]) for k in done if k[1] == "quack")
+    return lambda key, routing, todo: todo[:max(0, n - have[(key, routing)])]
+
+
 @lru_cache(maxsize=None)
 def config_pool(kernel_class: tuple, family: str, size: int, seed: int) -> frozenset:
     """``size`` compile keys drawn once for problems of ``kernel_class`` (``signature_class``
@@ -213,10 +224,7 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
     # tasks reuse the problem's operand buffers.
     requests: list[tuple[Measure, list[KernelConfig]]] = []
     seen: set = set()
-    # 'sample:N': a problem with N configs measured is done, whichever they are (another
-    # spec's sample, a pool's)
-    quota = check_configs_spec(configs_spec)
-    have = Counter((k[0], k[3]) for k in done if k[1] == "quack") if quota else Counter()
+    lacking = sample_quota(configs_spec, done)
     for name, p in problems:
         if p in seen:
             continue
@@ -228,8 +236,7 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
             routing = dataset.routing_text(counts)
             todo = [c for c in configs
                     if dataset.measurement_key(p.key(), "quack", c.short(), routing) not in done]
-            if quota:
-                todo = todo[:max(0, quota - have[(p.key(), routing)])]
+            todo = lacking(p.key(), routing, todo)
             cublas = dataset.measurement_key(p.key(), baseline_backend(p), "", routing) not in done
             for i in range(0, max(len(todo), 1), CHUNK):
                 if todo[i:i + CHUNK] or cublas:
