@@ -33,13 +33,12 @@ import os
 import sys
 import time
 from functools import partial
-from unittest import mock
 
 import numpy as np
 
 from bench_cudagraphs import decoder_stack
 from benchlib import (HIDDEN, compiled_step, cutetune_variables, gpu_kernels, interleaved,
-                      kernel_counts, mode_installation, wait_for_helpers)
+                      kernel_counts, mode_installation, run_and_capture_code, wait_for_helpers)
 from cutetune.artifacts import write_artifact
 
 MODES = ("default", "predicted", "reduced")
@@ -65,8 +64,6 @@ def grads(module) -> dict:
 
 def measure(torch, m: int, layers: int, modes: list[str], rounds: int, repeats: int,
             flash: bool) -> dict:
-    from torch._inductor.graph import GraphLowering
-
     torch.manual_seed(0)
     module = decoder_stack(torch, layers, flash=flash).to("cuda", torch.bfloat16).train()
     x = torch.randn(m, HIDDEN, device="cuda", dtype=torch.bfloat16)
@@ -76,12 +73,10 @@ def measure(torch, m: int, layers: int, modes: list[str], rounds: int, repeats: 
     steps = {}
     for mode in modes:
         step = train_step(module, compiled_step(module, mode))
-        codes: list[str] = []
         t0 = time.perf_counter()
-        with mode_installation(mode, None), \
-                mock.patch.object(GraphLowering, "save_output_code", codes.append):
-            loss = step(x).item()  # forward and backward compiled here
-            torch.cuda.synchronize()
+        with mode_installation(mode, None):
+            loss, codes = run_and_capture_code(step, x)  # forward and backward compiled here
+            loss = loss.item()
         row["compile_s"][mode] = round(time.perf_counter() - t0, 2)
         row["kernels"][mode] = kernel_counts("\n".join(codes))
         row["loss_rel_err"][mode] = abs(loss - ref_loss) / abs(ref_loss)

@@ -122,7 +122,7 @@ def test_a_pooled_sample_draws_from_its_classes_pool():
     """'sample:N@K': N valid configs per problem from K compile keys shared by the problems of
     a kernel class (dtype, majors), topped up from the rest where the pool has too few."""
     from cutetune.space.rules import family_of, is_valid
-    from cutetune.tuner.kernels.compile import signature_class
+    from cutetune.tuner.kernels.compile import kernel_class
     from cutetune.tuner.measure.collect import config_pool, configs_for
 
     up, down = GemmProblem(4096, 14336, 4096), GemmProblem(4096, 4096, 14336)
@@ -130,13 +130,13 @@ def test_a_pooled_sample_draws_from_its_classes_pool():
     assert len(keys) <= 10
     assert configs_for(up, "sample:20@10", 0) == configs_for(up, "sample:20@10", 0)
     assert configs_for(up, "sample:20@10", 0) != configs_for(up, "sample:20@10", 1)
-    kk = signature_class(up, configs_for(up, "sample:1", 0)[0])[:-1]
+    kk = kernel_class(up)
     assert config_pool(kk, family_of(up), 10, 0) != config_pool(kk, family_of(up), 10, 1)
     topped = configs_for(up, "sample:30@10", 0)  # 10 keys hold at most 20 configs (swizzles)
     assert len(set(topped)) == 30 and len({c.compile_key() for c in topped}) > 10
     assert all(is_valid(c, "sm90", up) for c in topped)
     grad = GemmProblem(4096, 14336, 4096, a_major="m", b_major="n")  # its own class and pool
-    pools = [config_pool(signature_class(p, topped[0])[:-1], family_of(p), 300, 0)
+    pools = [config_pool(kernel_class(p), family_of(p), 300, 0)
              for p in (up, grad)]
     assert len(pools[0]) == len(pools[1]) == 300 and pools[0] != pools[1]
 

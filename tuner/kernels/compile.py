@@ -140,12 +140,17 @@ def configure_gpu_blind(arch: str, cache_dir: str | None = None) -> None:
         qcache.CACHE_DIR = cache_dir
 
 
-def signature_class(problem: GemmProblem | GroupedProblem, config: KernelConfig) -> tuple:
-    """Everything a compiled kernel depends on: problems of one class share kernels (a grouped
-    problem's class names its GEMM where a dense one's says whether it is batched)."""
+def kernel_class(problem: GemmProblem | GroupedProblem) -> tuple:
+    """What a compiled kernel takes from its problem: problems of one class share kernels (a
+    grouped problem's class names its GEMM where a dense one's says whether it is batched)."""
     shape = problem.gemm if isinstance(problem, GroupedProblem) else problem.batch > 1
     return (problem.arch, problem.dtype, problem.out_dtype, problem.a_major, problem.b_major,
-            shape, config.compile_key())
+            shape)
+
+
+def signature_class(problem: GemmProblem | GroupedProblem, config: KernelConfig) -> tuple:
+    """Everything a compiled kernel depends on: its problem's ``kernel_class`` and config."""
+    return (*kernel_class(problem), config.compile_key())
 
 
 def compile_kernel(problem: GemmProblem | GroupedProblem, config: KernelConfig) -> float:

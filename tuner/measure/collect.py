@@ -32,7 +32,7 @@ from ...space.rules import family_of
 from ...space.suites import (GROUPED_SUITES, ROUTINGS, check_routings, grouped_suite,
                              routing_counts, suite)
 
-from ..kernels.compile import signature_class
+from ..kernels.compile import kernel_class
 from .executor import GpuExecutor, Measure, compile_task, measure_task
 from .timing import TimingPolicy, init_gpu_worker
 
@@ -93,8 +93,8 @@ def _problem_hash(problem, seed: int) -> int:
     return int(hashlib.sha256(f"{seed}:{problem.key()}".encode()).hexdigest()[:8], 16)
 
 
-def check_configs_spec(spec: str) -> int | None:
-    """The count N of a 'sample:N' or 'sample:N@K' spec (None for another spec); ValueError
+def _sample_spec(spec: str) -> tuple[int, int | None] | None:
+    """(N, K or None) of a 'sample:N' or 'sample:N@K' spec, None for another spec; ValueError
     naming --configs where N or K is not a count."""
     if not spec.startswith("sample:"):
         return None
@@ -106,11 +106,14 @@ def check_configs_spec(spec: str) -> int | None:
             ok = False
         if not ok:
             raise ValueError(f"--configs sample:N[@K] needs {what} >= 1, got {spec!r}")
-    return int(n)
+    return int(n), int(pool) if at else None
 
 
-def _pool_size(spec: str) -> int | None:
-    return int(spec.partition("@")[2]) if spec.startswith("sample:") and "@" in spec else None
+def check_configs_spec(spec: str) -> int | None:
+    """The count N of a 'sample:N' or 'sample:N@K' spec (None for another spec); ValueError
+    naming --configs where N or K is not a count."""
+    sample = _sample_spec(spec)
+    return sample[0] if sample else None
 
 
 def sample_quota(spec, done: set[tuple]):
@@ -125,16 +128,16 @@ def sample_quota(spec, done: set[tuple]):
 
 
 @lru_cache(maxsize=None)
-def config_pool(kernel_class: tuple, family: str, size: int, seed: int) -> frozenset:
-    """``size`` compile keys drawn once for problems of ``kernel_class`` (``signature_class``
-    less its config): 'sample:N@K' draws each problem's N configs from these, so that a
+def config_pool(cls: tuple, family: str, size: int, seed: int) -> frozenset:
+    """``size`` compile keys drawn once for the problems of kernel class ``cls``
+    (``kernel_class``): 'sample:N@K' draws each problem's N configs from these, so that a
     fresh machine compiles K kernels per class before problems measure at GPU speed, not
     most of the class's ~1200 as each new problem's own sample asks for more."""
     import random
 
-    keys = compile_keys(enumerate_configs(kernel_class[0], family=family))
+    keys = compile_keys(enumerate_configs(cls[0], family=family))
     return frozenset(keys if size >= len(keys)
-                     else random.Random(f"{seed}:{kernel_class}").sample(keys, size))
+                     else random.Random(f"{seed}:{cls}").sample(keys, size))
 
 
 def configs_for(problem: GemmProblem, spec: str, seed: int) -> list[KernelConfig]:
@@ -147,12 +150,11 @@ def configs_for(problem: GemmProblem, spec: str, seed: int) -> list[KernelConfig
     if spec.startswith("sample:"):
         import random
 
-        n, pool = check_configs_spec(spec), _pool_size(spec)
+        n, pool = _sample_spec(spec)
         rng = random.Random(_problem_hash(problem, seed))
         if pool is None:
             return valid if n >= len(valid) else rng.sample(valid, n)
-        keys = config_pool(signature_class(problem, valid[0])[:-1], family_of(problem), pool,
-                           seed) if valid else frozenset()
+        keys = config_pool(kernel_class(problem), family_of(problem), pool, seed)
         inside = [c for c in valid if c.compile_key() in keys]
         if len(inside) >= n:
             return rng.sample(inside, n)
