@@ -1,6 +1,6 @@
 """Report on a measured dataset: counts, failures, timing noise, the best config against the
-ATen baseline (cuBLAS's torch.mm; torch._grouped_mm for grouped problems), the worst config
-against the best.
+ATen baseline (cuBLAS's torch.mm; torch._grouped_mm for grouped problems) by M and by the
+operands' majors, the worst config against the best.
 
     python scripts/dataset_report.py --data data/inputs/h200_bf16 \
         --repeat data/bench/h200_bf16_repeat \
@@ -60,21 +60,21 @@ def main() -> None:
 
     # Best config vs the ATen baseline, per problem with at least --min-configs measured configs;
     # a grouped problem by its routed rows (the ragged dimension).
-    speed, spread_all = [], []
+    speed, spread_all, by_layout = [], [], {}
     for key in sampled:
         ok = [r["time_ms"] for r in problems[key] if r["status"] == "ok"]
-        p = dataset.problem_of(problems[key][0])
+        first = problems[key][0]
+        p = dataset.problem_of(first)
         size = kind_of(p).size(p)
         if ok and key in cublas:
             speed.append((size, cublas[key]["time_ms"] / min(ok), key in exhaustive))
+            by_layout.setdefault(f"{first['a_major']}{first['b_major']}", []).append(speed[-1][1])
         if ok and key in exhaustive:
             spread_all.append(max(ok) / min(ok))
     by_bucket = {}
     for m, s, _ in speed:
         by_bucket.setdefault(int(m_bucket(m)), []).append(s)
-    speed_table = {bucket_name(*M_BUCKETS[i]): {
-        "problems": len(v), "geomean": geomean(v), "min": min(v), "max": max(v),
-        "share_faster": float(np.mean(np.array(v) > 1))} for i, v in sorted(by_bucket.items())}
+    speed_table = {bucket_name(*M_BUCKETS[i]): speed_summary(v) for i, v in sorted(by_bucket.items())}
 
     # Timing noise: the same (problem, config) measured twice, minutes apart.
     noise = {}
@@ -97,6 +97,7 @@ def main() -> None:
         "within_measurement_spread_p80_p20_over_median": {
             "median": float(np.median(spread)), "p90": float(np.quantile(spread, 0.9))},
         "repeat_noise": noise, "best_over_cublas_by_m": speed_table,
+        "best_over_cublas_by_layout": {k: speed_summary(v) for k, v in sorted(by_layout.items())},
         "best_over_cublas_geomean": geomean([s for _, s, _ in speed]),
         "worst_over_best_exhaustive": ({"problems": len(spread_all), "geomean": geomean(spread_all),
                                         "min": min(spread_all), "max": max(spread_all)}
@@ -109,6 +110,12 @@ def main() -> None:
     write_markdown(out.with_suffix(".md"), report, args)
     plot(out.with_suffix(".png"), speed)
     print(out.with_suffix(".md").read_text())
+
+
+def speed_summary(ratios: list[float]) -> dict:
+    """ATen time over the best config's, of a set of problems."""
+    return {"problems": len(ratios), "geomean": geomean(ratios), "min": min(ratios),
+            "max": max(ratios), "share_faster": float(np.mean(np.array(ratios) > 1))}
 
 
 def identity(r: dict) -> str:
@@ -151,6 +158,12 @@ def write_markdown(path: Path, rep: dict, args) -> None:
               "(>1: the best CuteDSL config is faster).", "",
               "| M | problems | geomean | min | max | share faster |", "|---|---|---|---|---|---|"]
     for b, v in rep["best_over_cublas_by_m"].items():
+        lines.append(f"| {b} | {v['problems']} | {v['geomean']:.3f} | {v['min']:.3f} | "
+                     f"{v['max']:.3f} | {v['share_faster']:.2f} |")
+    lines += ["", "By the operands' majors (A's then B's: kk is nn.Linear's forward, kn its input "
+              "gradient, mn its weight gradient):", "",
+              "| majors | problems | geomean | min | max | share faster |", "|---|---|---|---|---|---|"]
+    for b, v in rep["best_over_cublas_by_layout"].items():
         lines.append(f"| {b} | {v['problems']} | {v['geomean']:.3f} | {v['min']:.3f} | "
                      f"{v['max']:.3f} | {v['share_faster']:.2f} |")
     if rep["collect_stats"]:
