@@ -53,6 +53,7 @@ class Replay:
     file_aten: np.ndarray
     cublas_ms: np.ndarray
     on_grid: np.ndarray  # the problem is its own cell: the file answers as the model does
+    majors: tuple[str, ...]  # A's and B's majors ("kk" for nn.Linear's forward)
 
     def decision_ms(self, source: str) -> np.ndarray:
         """Measured ms of what predicted mode runs with ``source`` ("model" or "file")."""
@@ -101,13 +102,33 @@ def replay(data: Measurements, train_fold: Callable[[Measurements], object],
     idx = sorted(rows)
     model_ms, model_aten, file_ms, file_aten, on_grid = (np.array(c) for c in
                                                           zip(*(rows[p] for p in idx)))
-    return Replay(tuple(data.problems[p].key() for p in idx), model_ms, model_aten, file_ms,
-                  file_aten, data.cublas_ms[idx], on_grid)
+    problems = [data.problems[p] for p in idx]
+    return Replay(tuple(q.key() for q in problems), model_ms, model_aten, file_ms, file_aten,
+                  data.cublas_ms[idx], on_grid, tuple(q.a_major + q.b_major for q in problems))
 
 
 def summarize(rep: Replay) -> dict:
     """The §3 ratios (file top-1 / model top-1, each source's decision / oracle; ratios > 1
-    are better) with the counts behind them, and whether the file meets ``TARGETS``."""
+    are better) with the counts behind them, and whether the file meets ``TARGETS``; the same
+    ratios per layout (``by_majors``) where the problems have several."""
+    out = _ratios(rep)
+    out["file_meets"] = {
+        "file_top1_vs_model": out["file_top1_vs_model"] >= TARGETS["file_top1_vs_model"],
+        **{k: out["file"][k] >= TARGETS[k] for k in ("decision_vs_oracle",
+                                                     "decision_vs_oracle_min")}}
+    majors = np.array(rep.majors)
+    if len(set(rep.majors)) > 1:
+        out["by_majors"] = {m: _ratios(_subset(rep, majors == m)) for m in sorted(set(rep.majors))}
+    return out
+
+
+def _subset(rep: Replay, mask: np.ndarray) -> Replay:
+    return Replay(tuple(np.array(rep.keys)[mask]), *(getattr(rep, f)[mask] for f in (
+        "model_ms", "model_aten", "file_ms", "file_aten", "cublas_ms", "on_grid")),
+        tuple(np.array(rep.majors)[mask]))
+
+
+def _ratios(rep: Replay) -> dict:
     picked = np.isfinite(rep.file_ms)
     top1 = rep.model_ms[picked] / rep.file_ms[picked]
     out: dict = {"problems": len(rep.keys), "on_grid": int(rep.on_grid.sum()),
@@ -124,8 +145,4 @@ def summarize(rep: Replay) -> dict:
                        "below_min_target": int(np.sum(ratio < TARGETS["decision_vs_oracle_min"])),
                        "decision_vs_cublas": geomean(rep.cublas_ms / rep.decision_ms(source)),
                        "keeps_cublas": int(aten.sum())}
-    out["file_meets"] = {
-        "file_top1_vs_model": out["file_top1_vs_model"] >= TARGETS["file_top1_vs_model"],
-        **{k: out["file"][k] >= TARGETS[k] for k in ("decision_vs_oracle",
-                                                     "decision_vs_oracle_min")}}
     return out

@@ -10,7 +10,7 @@ import pytest
 
 from cutetune.models.data import Measurements
 from cutetune.models.dataset import CONFIG_COLUMNS
-from cutetune.models.file_heldout import replay, summarize
+from cutetune.models.file_heldout import Replay, replay, summarize
 from cutetune.models.heuristics import Grid
 from cutetune.space.enumerate import enumerate_configs
 from cutetune.space.problem import GemmProblem
@@ -79,6 +79,7 @@ def test_replay_scores_the_files_cell_answer_against_the_models():
     assert (s["file"]["keeps_cublas"], s["model"]["keeps_cublas"]) == (2, 1)
     assert s["file_meets"] == {"file_top1_vs_model": False, "decision_vs_oracle": False,
                                "decision_vs_oracle_min": False}
+    assert rep.majors == ("kk",) * 4 and "by_majors" not in s  # one layout: no breakdown
     assert s["oracle_vs_cublas"] == pytest.approx(math.prod([1.5, 1.2, 1.0, 1.0]) ** 0.25)
 
 
@@ -91,3 +92,19 @@ def test_a_file_that_answers_as_its_model_meets_the_targets():
     s = summarize(rep)
     assert s["file_top1_vs_model"] == 1.0 and s["on_grid"] == 4
     assert s["file"] == s["model"]
+
+
+def test_summary_per_layout_scores_each_layouts_problems_alone():
+    """Two kk problems the file answers as the model does, two mn ones where it loses 2x."""
+    f = np.array
+    rep = Replay(("a", "b", "c", "d"), model_ms=f([1.0, 1.0, 1.0, 1.0]),
+                 model_aten=f([False] * 4), file_ms=f([1.0, 1.0, 2.0, 2.0]),
+                 file_aten=f([False] * 4), cublas_ms=f([2.0, 2.0, 4.0, 4.0]),
+                 on_grid=f([True, True, False, False]), majors=("kk", "kk", "mn", "mn"))
+    s = summarize(rep)
+    kk, mn = s["by_majors"]["kk"], s["by_majors"]["mn"]
+    assert kk["problems"] == mn["problems"] == 2
+    assert kk["file_top1_vs_model"] == 1.0 and mn["file_top1_vs_model"] == pytest.approx(0.5)
+    assert mn["file"]["decision_vs_cublas"] == pytest.approx(2.0)
+    assert mn["model"]["decision_vs_cublas"] == pytest.approx(4.0)
+    assert s["file_top1_vs_model"] == pytest.approx(0.5 ** 0.5)  # the whole set: both
