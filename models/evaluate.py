@@ -179,14 +179,19 @@ def summarize_by_bucket(ps: ProblemScores, buckets=M_BUCKETS,
     return out
 
 
+def layout_name(problem) -> str:
+    """A's and B's majors ("kk" is nn.Linear's forward, "kn" its input gradient, "mn" its
+    weight gradient), with " bmm" after a batched problem's."""
+    return problem.a_major + problem.b_major + (" bmm" if getattr(problem, "batch", 1) > 1
+                                                else "")
+
+
 def layout_masks(problems) -> dict[str, np.ndarray]:
-    """Layout name -> mask of the dense problems in it, where they span more than one: A's and
-    B's majors ("kk" is nn.Linear's forward, "kn" its input gradient, "mn" its weight
-    gradient), with " bmm" after a batched problem's; empty for grouped problems."""
+    """Layout name (``layout_name``) -> mask of the dense problems in it, where they span more
+    than one; empty for grouped problems."""
     if not problems or not isinstance(problems[0], GemmProblem):
         return {}
-    names = np.array([p.a_major + p.b_major + (" bmm" if p.batch > 1 else "")
-                      for p in problems])
+    names = np.array([layout_name(p) for p in problems])
     kinds = sorted(set(names.tolist()))
     return {k: names == k for k in kinds} if len(kinds) > 1 else {}
 

@@ -32,7 +32,7 @@ from ..space.rules import is_valid
 
 from .data import Measurements
 from .dataset import CONFIG_COLUMNS
-from .evaluate import geomean, group_offsets
+from .evaluate import geomean, group_offsets, layout_name
 from .heuristics import Grid
 
 # Issue #35 §3: the file's top-1 against its model's, and its decision against the oracle of
@@ -53,7 +53,7 @@ class Replay:
     file_aten: np.ndarray
     cublas_ms: np.ndarray
     on_grid: np.ndarray  # the problem is its own cell: the file answers as the model does
-    majors: tuple[str, ...]  # A's and B's majors ("kk" for nn.Linear's forward)
+    layouts: tuple[str, ...]  # evaluate.layout_name of each problem
 
     def decision_ms(self, source: str) -> np.ndarray:
         """Measured ms of what predicted mode runs with ``source`` ("model" or "file")."""
@@ -104,28 +104,30 @@ def replay(data: Measurements, train_fold: Callable[[Measurements], object],
                                                           zip(*(rows[p] for p in idx)))
     problems = [data.problems[p] for p in idx]
     return Replay(tuple(q.key() for q in problems), model_ms, model_aten, file_ms, file_aten,
-                  data.cublas_ms[idx], on_grid, tuple(q.a_major + q.b_major for q in problems))
+                  data.cublas_ms[idx], on_grid, tuple(layout_name(q) for q in problems))
 
 
 def summarize(rep: Replay) -> dict:
     """The §3 ratios (file top-1 / model top-1, each source's decision / oracle; ratios > 1
     are better) with the counts behind them, and whether the file meets ``TARGETS``; the same
-    ratios per layout (``by_majors``) where the problems have several."""
+    ratios per layout (``by_layout``) where the problems span several."""
     out = _ratios(rep)
     out["file_meets"] = {
         "file_top1_vs_model": out["file_top1_vs_model"] >= TARGETS["file_top1_vs_model"],
         **{k: out["file"][k] >= TARGETS[k] for k in ("decision_vs_oracle",
                                                      "decision_vs_oracle_min")}}
-    majors = np.array(rep.majors)
-    if len(set(rep.majors)) > 1:
-        out["by_majors"] = {m: _ratios(_subset(rep, majors == m)) for m in sorted(set(rep.majors))}
+    if len(set(rep.layouts)) > 1:
+        layouts = np.array(rep.layouts)
+        out["by_layout"] = {name: _ratios(_subset(rep, layouts == name))
+                            for name in sorted(set(rep.layouts))}
     return out
 
 
 def _subset(rep: Replay, mask: np.ndarray) -> Replay:
+    """The problems of ``mask`` alone."""
     return Replay(tuple(np.array(rep.keys)[mask]), *(getattr(rep, f)[mask] for f in (
         "model_ms", "model_aten", "file_ms", "file_aten", "cublas_ms", "on_grid")),
-        tuple(np.array(rep.majors)[mask]))
+        tuple(np.array(rep.layouts)[mask]))
 
 
 def _ratios(rep: Replay) -> dict:

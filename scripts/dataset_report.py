@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from cutetune.models import dataset
-from cutetune.models.evaluate import M_BUCKETS, bucket_name, geomean, m_bucket
+from cutetune.models.evaluate import M_BUCKETS, bucket_name, geomean, layout_name, m_bucket
 from cutetune.space import enumerate_configs
 from cutetune.models.kinds import kind_of
 
@@ -63,18 +63,18 @@ def main() -> None:
     speed, spread_all, by_layout = [], [], {}
     for key in sampled:
         ok = [r["time_ms"] for r in problems[key] if r["status"] == "ok"]
-        first = problems[key][0]
-        p = dataset.problem_of(first)
+        p = dataset.problem_of(problems[key][0])
         size = kind_of(p).size(p)
         if ok and key in cublas:
             speed.append((size, cublas[key]["time_ms"] / min(ok), key in exhaustive))
-            by_layout.setdefault(f"{first['a_major']}{first['b_major']}", []).append(speed[-1][1])
+            by_layout.setdefault(layout_name(p), []).append(speed[-1][1])
         if ok and key in exhaustive:
             spread_all.append(max(ok) / min(ok))
     by_bucket = {}
     for m, s, _ in speed:
         by_bucket.setdefault(int(m_bucket(m)), []).append(s)
-    speed_table = {bucket_name(*M_BUCKETS[i]): speed_summary(v) for i, v in sorted(by_bucket.items())}
+    speed_table = {bucket_name(*M_BUCKETS[i]): speed_summary(v)
+                   for i, v in sorted(by_bucket.items())}
 
     # Timing noise: the same (problem, config) measured twice, minutes apart.
     noise = {}
@@ -160,9 +160,10 @@ def write_markdown(path: Path, rep: dict, args) -> None:
     for b, v in rep["best_over_cublas_by_m"].items():
         lines.append(f"| {b} | {v['problems']} | {v['geomean']:.3f} | {v['min']:.3f} | "
                      f"{v['max']:.3f} | {v['share_faster']:.2f} |")
-    lines += ["", "By the operands' majors (A's then B's: kk is nn.Linear's forward, kn its input "
-              "gradient, mn its weight gradient):", "",
-              "| majors | problems | geomean | min | max | share faster |", "|---|---|---|---|---|---|"]
+    lines += ["", "By layout, A's and B's majors (kk is a linear layer's forward, kn its input "
+              "gradient, mn its weight gradient; bmm a batched problem):", "",
+              "| layout | problems | geomean | min | max | share faster |",
+              "|---|---|---|---|---|---|"]
     for b, v in rep["best_over_cublas_by_layout"].items():
         lines.append(f"| {b} | {v['problems']} | {v['geomean']:.3f} | {v['min']:.3f} | "
                      f"{v['max']:.3f} | {v['share_faster']:.2f} |")

@@ -11,9 +11,10 @@ import pytest
 from cutetune.models.data import Measurements
 from cutetune.models.dataset import CONFIG_COLUMNS
 from cutetune.models.file_heldout import Replay, replay, summarize
+from cutetune.models.evaluate import layout_name
 from cutetune.models.heuristics import Grid
 from cutetune.space.enumerate import enumerate_configs
-from cutetune.space.problem import GemmProblem
+from cutetune.space.problem import GemmProblem, GroupedProblem
 
 GRID = Grid(m=(16, 256), n=(256,), k=(256,))
 MS = (16, 48, 128, 256)  # cells: 16 (itself), 16, 256, 256 (itself)
@@ -79,7 +80,7 @@ def test_replay_scores_the_files_cell_answer_against_the_models():
     assert (s["file"]["keeps_cublas"], s["model"]["keeps_cublas"]) == (2, 1)
     assert s["file_meets"] == {"file_top1_vs_model": False, "decision_vs_oracle": False,
                                "decision_vs_oracle_min": False}
-    assert rep.majors == ("kk",) * 4 and "by_majors" not in s  # one layout: no breakdown
+    assert rep.layouts == ("kk",) * 4 and "by_layout" not in s  # one layout: no breakdown
     assert s["oracle_vs_cublas"] == pytest.approx(math.prod([1.5, 1.2, 1.0, 1.0]) ** 0.25)
 
 
@@ -100,11 +101,17 @@ def test_summary_per_layout_scores_each_layouts_problems_alone():
     rep = Replay(("a", "b", "c", "d"), model_ms=f([1.0, 1.0, 1.0, 1.0]),
                  model_aten=f([False] * 4), file_ms=f([1.0, 1.0, 2.0, 2.0]),
                  file_aten=f([False] * 4), cublas_ms=f([2.0, 2.0, 4.0, 4.0]),
-                 on_grid=f([True, True, False, False]), majors=("kk", "kk", "mn", "mn"))
+                 on_grid=f([True, True, False, False]), layouts=("kk", "kk", "mn", "mn"))
     s = summarize(rep)
-    kk, mn = s["by_majors"]["kk"], s["by_majors"]["mn"]
+    kk, mn = s["by_layout"]["kk"], s["by_layout"]["mn"]
     assert kk["problems"] == mn["problems"] == 2
     assert kk["file_top1_vs_model"] == 1.0 and mn["file_top1_vs_model"] == pytest.approx(0.5)
     assert mn["file"]["decision_vs_cublas"] == pytest.approx(2.0)
     assert mn["model"]["decision_vs_cublas"] == pytest.approx(4.0)
     assert s["file_top1_vs_model"] == pytest.approx(0.5 ** 0.5)  # the whole set: both
+
+
+def test_layout_name_reads_a_then_b_and_marks_batched_problems():
+    assert layout_name(GemmProblem(64, 64, 64, a_major="k", b_major="n")) == "kn"
+    assert layout_name(GemmProblem(64, 64, 64, batch=4, a_major="m", b_major="n")) == "mn bmm"
+    assert layout_name(GroupedProblem(8, 64, 64, 1024, gemm="wgrad")) == "mn"  # its majors
