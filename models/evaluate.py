@@ -191,7 +191,12 @@ def layout_masks(problems) -> dict[str, np.ndarray]:
     than one; empty for grouped problems."""
     if not problems or not isinstance(problems[0], GemmProblem):
         return {}
-    names = np.array([layout_name(p) for p in problems])
+    return name_masks([layout_name(p) for p in problems])
+
+
+def name_masks(names) -> dict[str, np.ndarray]:
+    """Name -> mask of the items of that name, where ``names`` span more than one."""
+    names = np.array(names)
     kinds = sorted(set(names.tolist()))
     return {k: names == k for k in kinds} if len(kinds) > 1 else {}
 

@@ -22,7 +22,7 @@ has no file pick: the file keeps ATen there (``decisions.decide``), scored as cu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import numpy as np
@@ -32,7 +32,7 @@ from ..space.rules import is_valid
 
 from .data import Measurements
 from .dataset import CONFIG_COLUMNS
-from .evaluate import geomean, group_offsets, layout_name
+from .evaluate import geomean, group_offsets, layout_name, name_masks
 from .heuristics import Grid
 
 # Issue #35 §3: the file's top-1 against its model's, and its decision against the oracle of
@@ -116,18 +116,19 @@ def summarize(rep: Replay) -> dict:
         "file_top1_vs_model": out["file_top1_vs_model"] >= TARGETS["file_top1_vs_model"],
         **{k: out["file"][k] >= TARGETS[k] for k in ("decision_vs_oracle",
                                                      "decision_vs_oracle_min")}}
-    if len(set(rep.layouts)) > 1:
-        layouts = np.array(rep.layouts)
-        out["by_layout"] = {name: _ratios(_subset(rep, layouts == name))
-                            for name in sorted(set(rep.layouts))}
+    masks = name_masks(rep.layouts)
+    if masks:
+        out["by_layout"] = {name: _ratios(_subset(rep, mask)) for name, mask in masks.items()}
     return out
 
 
 def _subset(rep: Replay, mask: np.ndarray) -> Replay:
     """The problems of ``mask`` alone."""
-    return Replay(tuple(np.array(rep.keys)[mask]), *(getattr(rep, f)[mask] for f in (
-        "model_ms", "model_aten", "file_ms", "file_aten", "cublas_ms", "on_grid")),
-        tuple(np.array(rep.layouts)[mask]))
+    def take(values):
+        return (tuple(v for v, keep in zip(values, mask) if keep) if isinstance(values, tuple)
+                else values[mask])
+
+    return Replay(**{f.name: take(getattr(rep, f.name)) for f in fields(Replay)})
 
 
 def _ratios(rep: Replay) -> dict:

@@ -118,6 +118,12 @@ def speed_summary(ratios: list[float]) -> dict:
             "max": max(ratios), "share_faster": float(np.mean(np.array(ratios) > 1))}
 
 
+def speed_rows(table: dict) -> list[str]:
+    """The markdown rows of a ``speed_summary`` per group."""
+    return [f"| {b} | {v['problems']} | {v['geomean']:.3f} | {v['min']:.3f} | {v['max']:.3f} | "
+            f"{v['share_faster']:.2f} |" for b, v in table.items()]
+
+
 def identity(r: dict) -> str:
     """The row's problem (a grouped shape's routings are problems of their own)."""
     return dataset.problem_identity(r["problem_key"], r["expert_counts"])
@@ -157,16 +163,11 @@ def write_markdown(path: Path, rep: dict, args) -> None:
               f"Geomean over all problems: {rep['best_over_cublas_geomean']:.3f}x "
               "(>1: the best CuteDSL config is faster).", "",
               "| M | problems | geomean | min | max | share faster |", "|---|---|---|---|---|---|"]
-    for b, v in rep["best_over_cublas_by_m"].items():
-        lines.append(f"| {b} | {v['problems']} | {v['geomean']:.3f} | {v['min']:.3f} | "
-                     f"{v['max']:.3f} | {v['share_faster']:.2f} |")
+    lines += speed_rows(rep["best_over_cublas_by_m"])
     lines += ["", "By layout, A's and B's majors (kk is a linear layer's forward, kn its input "
               "gradient, mn its weight gradient; bmm a batched problem):", "",
               "| layout | problems | geomean | min | max | share faster |",
-              "|---|---|---|---|---|---|"]
-    for b, v in rep["best_over_cublas_by_layout"].items():
-        lines.append(f"| {b} | {v['problems']} | {v['geomean']:.3f} | {v['min']:.3f} | "
-                     f"{v['max']:.3f} | {v['share_faster']:.2f} |")
+              "|---|---|---|---|---|---|", *speed_rows(rep["best_over_cublas_by_layout"])]
     if rep["collect_stats"]:
         lines += ["", "## Collection throughput (H200 host, 16 cores)", "",
                   "| run | measured | per min | kernels compiled | compiled per min | GPU busy |",

@@ -123,7 +123,7 @@ def sample_quota(spec, done: set[tuple]):
     n = check_configs_spec(spec) if isinstance(spec, str) else None
     if not n:
         return lambda key, routing, todo: todo
-    have = Counter((k[0], k[3]) for k in done if k[1] == "quack")
+    have = Counter((key, routing) for key, backend, _, routing in done if backend == "quack")
     return lambda key, routing, todo: todo[:max(0, n - have[(key, routing)])]
 
 
