@@ -21,7 +21,7 @@ import numpy as np
 
 from cutetune.models.crossval import held_out_scores
 from cutetune.models.data import load_measurements
-from cutetune.models.evaluate import score_problems, summarize
+from cutetune.models.evaluate import layout_masks, score_problems, summarize
 from cutetune.models.fallback import CublasFallback, fallback_inputs, held_out_levels, outcome
 from cutetune.models.features import dataset_features, problem_descriptors
 from cutetune.models.learners import BoosterModel, blended
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     data, X, desc = load(args.data, args.kind)
+    layouts = layout_masks(data.problems)
     objective = KIND_DEFAULTS[args.kind].fallback_objective  # as `cutetune train` fits it
     runs = []
     for pair in args.seeds:
@@ -71,7 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             s = summarize(ps)
             run = {"split_seed": split_seed, "seed": seed, "timer_weight": w,
                    "top1_geomean": s["top1_geomean"], "top1_p10": s["top1_p10"],
-                   "top1_min": s["top1_min"], "fallback": []}
+                   "top1_min": s["top1_min"], "fallback": [],
+                   "by_layout": {name: {k: summarize(ps, mask)[k] for k in
+                                        ("problems", "top1_geomean", "top1_p10")}
+                                 for name, mask in layouts.items()}}
             Xf = fallback_inputs(desc, timer[ps.top1_row])
             log_ratio = np.log(ps.top1_ms / data.cublas_ms)
             levels = held_out_levels(lambda: CublasFallback(seed=seed, objective=objective),
@@ -84,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run)
             fb = "  ".join(f"q{f['quantile']:g}: {f['speedup_vs_aten']:.3f}x worst "
                            f"{f['worst_vs_aten']:.3f}" for f in run["fallback"])
+            lay = "  ".join(f"{n} {v['top1_geomean']:.3f}/{v['top1_p10']:.3f}"
+                            for n, v in run["by_layout"].items())
             print(f"split {split_seed} seed {seed} weight {w:g}: top-1 {run['top1_geomean']:.4f}"
-                  f" P10 {run['top1_p10']:.3f} | {fb}", flush=True)
+                  f" P10 {run['top1_p10']:.3f} | {fb} | {lay}", flush=True)
     with open(args.out, "w") as f:
         json.dump({"data": args.data, "kind": args.kind, "folds": args.folds, "runs": runs},
                   f, indent=1)

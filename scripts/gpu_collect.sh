@@ -11,7 +11,9 @@
 #               draw each problem's 150 from 300 kernels per layout and dtype, sample:150@300,
 #               so that a fresh machine compiles about 880 kernels, not 3500, before the GPU
 #               measures at its own pace: data/reports/config_pool_compile_plan.json)
-#   layouts_exhaustive  the exhaustive suite in those layouts, every config -> h200_bf16
+#   layouts_exhaustive  the exhaustive suite in those layouts ($EXH_LAYOUTS, default all three:
+#               each layout compiles its own kernels), every config
+#               -> h200_bf16
 #   bmm         the bmm suite (attention's batched GEMMs), sampled configs -> h200_bf16
 #   fp16        the train suite in fp16, sampled configs -> dataset h200_fp16
 #   gpu_tests   every test marked gpu               -> $OUT/gpu_tests_all.log
@@ -78,7 +80,7 @@ for stage in "$@"; do
       python -m cutetune collect --problems train --layouts kn,mk,mn --configs sample:150@300 \
         --out "$ROOT/h200_bf16" --time-budget "$(left 30)" --stats "$OUT/collect_layouts_stats.json" 2>&1 | tail -n 5 ;;
     layouts_exhaustive)
-      python -m cutetune collect --problems exhaustive --layouts kn,mk,mn --configs all --target-ms 1 \
+      python -m cutetune collect --problems exhaustive --layouts "${EXH_LAYOUTS:-kn,mk,mn}" --configs all --target-ms 1 \
         --out "$ROOT/h200_bf16" --time-budget "$(left 30)" --stats "$OUT/collect_layouts_exh_stats.json" 2>&1 | tail -n 5 ;;
     bmm)
       python -m cutetune collect --problems bmm --configs sample:150@300 \

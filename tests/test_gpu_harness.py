@@ -53,6 +53,34 @@ def test_quack_and_cublas_are_measured_correctly(gpu_worker):
     assert 50 < tflops < 1500
 
 
+# The training step's gradients (kn, mk, mn) and attention's batched GEMMs (the bmm suite's
+# scores, both operands K-major, and values, V N-major), as the layouts and bmm stages collect them.
+LAYOUT_AND_BMM_PROBLEMS = [GemmProblem(512, 1024, 2048, b_major="n"),
+                           GemmProblem(512, 1024, 2048, a_major="m"),
+                           GemmProblem(512, 1024, 2048, a_major="m", b_major="n"),
+                           GemmProblem(1024, 1024, 128, batch=8),
+                           GemmProblem(1024, 128, 1024, batch=8, b_major="n"),
+                           GemmProblem(16, 128, 2048, batch=32, b_major="n")]
+
+
+@pytest.mark.parametrize("p", LAYOUT_AND_BMM_PROBLEMS, ids=lambda p: p.key())
+def test_layouts_and_batches_are_measured_correctly(gpu_worker, p):
+    """Every routing the space allows for the problem (swapped A and B, split K) computes the
+    problem's product: the numerics check runs on each row against the fp32 reference."""
+    from cutetune.space.enumerate import sample_configs
+    from cutetune.tuner.measure.timing import MeasureTask, measure
+
+    valid = sample_configs("sm90", 64, seed=0, problem=p)
+    picks = [next(c for c in valid if c.swap_ab), next(c for c in valid if not c.swap_ab)]
+    picks += [c for c in valid if c.split_k > 1][:1]
+    rows = measure(MeasureTask(p, "test", tuple(picks), cublas=True))
+    assert len(rows) == 1 + len(picks)
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["rel_err"] < 1e-2
+        assert 0 < r["time_ms_p20"] <= r["time_ms"] <= r["time_ms_p80"]
+
+
 def test_unwritten_output_is_caught_by_the_poison_check(gpu_worker):
     from cutetune.tuner.measure.timing import MeasureTask, _buffers, _measure_one
 
