@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from .data import Measurements
+from .data import Measurements, with_extra
 from .evaluate import ProblemScores, score_problems
 from .methods import Method
 
@@ -28,18 +28,25 @@ class HeldOut:
 
 def held_out_scores(data: Measurements, X: np.ndarray, method: Method,
                     splits: list[tuple[np.ndarray, np.ndarray]], seed: int = 0,
-                    on_fold: Callable[[], object] | None = None) -> HeldOut:
+                    on_fold: Callable[[], object] | None = None,
+                    extra: tuple[Measurements, np.ndarray] | None = None) -> HeldOut:
     """Out-of-fold scores of ``method`` over the test problems of ``splits`` (problem indices).
 
     Rows of problems in no test set keep a nan score; the metrics cover only tested problems.
-    ``on_fold()`` (a bar's ``update``) follows each fold's fit and scoring.
+    ``on_fold()`` (a bar's ``update``) follows each fold's fit and scoring. ``extra``
+    (measurements and their feature rows, another dtype's) joins each fold's fit, less its
+    problems of the test problems' layers (``with_extra``); it is never scored.
     """
     scores = np.full(len(data.time_ms), np.nan)
     for train, test in splits:
         if np.intersect1d(train, test).size:
             raise ValueError("a split has problems in both train and test")
         tr, te = data.rows_of(train), data.rows_of(test)
-        method.fit(data.subset(train), X[tr])
+        fit_data, fit_X = data.subset(train), X[tr]
+        if extra is not None:
+            fit_data, fit_X = with_extra(fit_data, fit_X, extra,
+                                         [data.problems[i] for i in test])
+        method.fit(fit_data, fit_X)
         scores[te] = method.score(data.subset(test), X[te])
         if on_fold:
             on_fold()

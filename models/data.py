@@ -88,6 +88,28 @@ class Measurements:
         """Row indices of the given problems, in problem order."""
         return np.flatnonzero(np.isin(self.group, problem_idx))
 
+    def unlike(self, problems) -> np.ndarray:
+        """Indices of this data's problems that share no layer (``layer_key``) with
+        ``problems``: what a fit may take from another dtype's data while ``problems`` are
+        held out."""
+        held = {layer_key(p) for p in problems}
+        return np.array([i for i, p in enumerate(self.problems) if layer_key(p) not in held],
+                        dtype=int)
+
+    def joined(self, other: "Measurements") -> "Measurements":
+        """This data's problems, then ``other``'s, as one training set: the rows a fit reads.
+        Both are dense timings of one device (``other`` in another dtype, say)."""
+        check_joinable(self, other)
+        return Measurements(
+            cols={k: np.concatenate([v, other.cols[k]]) for k, v in self.cols.items()},
+            time_ms=np.concatenate([self.time_ms, other.time_ms]),
+            group=np.concatenate([self.group, other.group + self.n_problems]),
+            problems=self.problems + other.problems,
+            suites=np.concatenate([self.suites, other.suites]),
+            cublas_ms=np.concatenate([self.cublas_ms, other.cublas_ms]),
+            swept=np.concatenate([self.swept, other.swept]), device_name=self.device_name,
+            failed_rows=self.failed_rows + other.failed_rows)
+
     def subset(self, problem_idx: np.ndarray) -> "Measurements":
         """The measurements of some problems, renumbered 0..len-1 in the given (sorted) order."""
         problem_idx = np.sort(np.asarray(problem_idx))
@@ -184,6 +206,33 @@ def from_table(table: pa.Table, kind: str | None = None) -> Measurements:
                         failed_rows=failed.num_rows,
                         shapes=shapes if len(set(shapes)) < len(shapes) else None,
                         routings=routings if kind.name == "grouped" else None)
+
+
+def check_joinable(data: Measurements, other: Measurements) -> None:
+    """ValueError unless ``other`` may join ``data``'s fits: dense problems of one arch, timed
+    on one device."""
+    if (data.kind.name, other.kind.name) != ("dense", "dense"):
+        raise ValueError("only dense measurements join another dataset's")
+    archs = {p.arch for p in data.problems + other.problems}
+    if len(archs) > 1 or other.device_name != data.device_name:
+        raise ValueError(f"measurements of {other.device_name} ({', '.join(sorted(archs))}) "
+                         f"cannot join those of {data.device_name}: a model learns one device's "
+                         f"timings")
+
+
+def layer_key(p: GemmProblem) -> tuple[int, ...]:
+    """A dense problem's batch and sizes in ascending order: one layer's GEMMs share it in every
+    layout (its gradients take the forward's M, N and K in another order) and dtype."""
+    return (p.batch, *sorted((p.m, p.n, p.k)))
+
+
+def with_extra(data: Measurements, X: np.ndarray, extra: tuple[Measurements, np.ndarray],
+               held_out=()) -> tuple[Measurements, np.ndarray]:
+    """``data`` and its feature rows, joined by ``extra``'s (measurements, feature rows) less
+    its problems of a layer among ``held_out``'s: a fit's training set."""
+    other, other_X = extra
+    keep = other.unlike(held_out)
+    return data.joined(other.subset(keep)), np.vstack([X, other_X[other.rows_of(keep)]])
 
 
 def _shape(p: GemmProblem | GroupedProblem) -> str:

@@ -109,6 +109,16 @@ def targets(ev: Evaluation) -> list[dict]:
     return out
 
 
+def _extra_line(extra: dict | None) -> list[str]:
+    """The report's line on another dtype's data that joined every fit (``train``'s extra)."""
+    if not extra:
+        return []
+    return [f"Joined every fit, never scored: `{extra.get('dataset', '?')}` (sha256 "
+            f"`{str(extra.get('sha256', '?'))[:16]}…`), {extra['problems']} problems in "
+            f"{', '.join(extra['dtypes'])}, {extra['rows']} rows; a held-out fold's fits leave "
+            f"out its problems' layers (their sizes in any order)."]
+
+
 def markdown(ev: Evaluation, metadata: dict, plots: list[str], note: str) -> str:
     data = metadata.get("trained_on", {})
     kind, base = _kind(ev), _kind(ev).baseline
@@ -117,6 +127,7 @@ def markdown(ev: Evaluation, metadata: dict, plots: list[str], note: str) -> str
            f"Dataset: `{data.get('dataset', '?')}` (sha256 `{str(data.get('sha256', '?'))[:16]}…`): "
            f"{ev.problems} problems ({int(ev.swept.sum())} fully swept), {ev.rows} ok quack rows "
            f"({ev.failed_rows} failed rows left out), families: " + ", ".join(f"{k} ({v})" for k, v in ev.families.items()) + ".",
+           *_extra_line(data.get("extra")),
            f"Shipped model: **{ev.chosen}** (regression unless a ranking objective beats its "
            f"held-out top-1 geomean by more than {RANKER_MARGIN}). Packages: " + ", ".join(f"{k} {v}" for k, v in
                                                  metadata.get("packages", {}).items()) + ".", "",

@@ -24,7 +24,7 @@ from ..space.device import device_for
 
 from .artifact import CostModel
 from .crossval import HeldOut, held_out_scores, scored
-from .data import Measurements
+from .data import Measurements, check_joinable, with_extra
 from .evaluate import (bucket_masks, layout_masks, leave_family_out, summarize,
                        summarize_by_bucket)
 from .fallback import CublasFallback, FallbackOutcome, fallback_inputs, held_out_levels, outcome
@@ -102,6 +102,7 @@ class Evaluation:
     fallback_by_bucket: dict[str, FallbackOutcome] = field(default_factory=dict)
     # per method, per layout (evaluate.layout_masks: where the problems span several)
     by_layout: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    extra: dict | None = None  # what joined every fit (train's ``extra``): problems, rows, dtypes
 
 
 def _single(values, what: str) -> str:
@@ -111,8 +112,13 @@ def _single(values, what: str) -> str:
     return vals[0]
 
 
-def train(data: Measurements, options: TrainOptions = TrainOptions()
-          ) -> tuple[CostModel, Evaluation]:
+def train(data: Measurements, options: TrainOptions = TrainOptions(),
+          extra: Measurements | None = None) -> tuple[CostModel, Evaluation]:
+    """The model of ``data``'s problems and its evaluation on them. ``extra``, dense
+    measurements of the same arch and device in another dtype, joins every fit (a held-out
+    fold's fit less the fold's layers: ``crossval.held_out_scores``) but is never scored: one
+    dtype's configs rank alike in another (docs/results.md), so it lends layouts that
+    ``data`` lacks."""
     arch = _single((p.arch for p in data.problems), "arch")
     dtype = _single((p.dtype for p in data.problems), "dtype")
     if "regression" not in options.objectives:
@@ -123,6 +129,10 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
     kind = data.kind
     options = options.for_kind(kind.name)
     X = dataset_features(data, device)
+    aux = None
+    if extra is not None:
+        check_joinable(data, extra)
+        aux = (extra, dataset_features(extra, device))
     params = {"n_estimators": options.n_estimators, "max_depth": options.max_depth,
               "n_threads": options.threads, "kind": kind.name}
     xgb = xgb_methods(options.objectives, options.seed, **params)
@@ -133,7 +143,7 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
                                  kind) if options.baselines else []
 
     splits = data.folds(options.folds, options.seed)
-    cv = _held_out(data, X, xgb + baselines, splits, options.seed, "cross-validation")
+    cv = _held_out(data, X, xgb + baselines, splits, options.seed, "cross-validation", aux)
     cv.update(_blends_held_out(data, cv, blends, options.timer_weight, splits, options.seed))
     cv = {m.name: cv[m.name] for m in learned + baselines}  # in the report's order
     chosen = _choose(cv, [m.name for m in learned])
@@ -149,6 +159,9 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
     layouts = layout_masks(data.problems)
     ev.by_layout = {n: {k: summarize(h.problems, m) for k, m in layouts.items()}
                     for n, h in cv.items()} if layouts else {}
+    if extra is not None:
+        ev.extra = {"problems": extra.n_problems, "rows": len(extra.time_ms),
+                    "dtypes": sorted({p.dtype for p in extra.problems})}
 
     if options.family_out and len(ev.families) > 1:
         families = data.families
@@ -156,12 +169,14 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
         lofo_splits = [(tr, te) for _, tr, te in lofo]
         methods = [x for x in learned if x.name == chosen] + baselines
         for name, h in _held_out(data, X, methods, lofo_splits, options.seed,
-                                 "leave-family-out").items():
+                                 "leave-family-out", aux).items():
             ev.lofo_summary[name] = {fam: summarize(h.problems, families == fam)
                                      for fam, _, _ in lofo}
 
-    ranker = _final(chosen, options, X, data)
-    timer = ranker if ranker.predicts_time else _final(XGB_NAMES["regression"], options, X, data)
+    fit_data, fit_X = (data, X) if aux is None else with_extra(data, X, aux)
+    ranker = _final(chosen, options, fit_X, fit_data)
+    timer = ranker if ranker.predicts_time else _final(XGB_NAMES["regression"], options, fit_X,
+                                                       fit_data)
     timer_weight = options.timer_weight if chosen in BLEND_NAMES.values() else 0.0
     fallback = None
     if np.isfinite(data.cublas_ms).any():
@@ -172,7 +187,7 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
     metadata = {
         "objective": ranker.objective, "timer_weight": timer_weight, "trained_on": {
             "problems": data.n_problems, "rows": len(data.time_ms), "device": data.device_name,
-            "families": ev.families},
+            "families": ev.families, **({"extra": dict(ev.extra)} if ev.extra else {})},
         "held_out_cv": ev.cv_summary[chosen]["all"], "cv_folds": options.folds,
         "seed": options.seed, "packages": _versions()}
     return CostModel(arch, dtype, device, ranker, timer, fallback, metadata,
@@ -180,13 +195,14 @@ def train(data: Measurements, options: TrainOptions = TrainOptions()
 
 
 def _held_out(data: Measurements, X: np.ndarray, methods: list[Method], splits, seed: int,
-              desc: str) -> dict[str, HeldOut]:
+              desc: str, extra=None) -> dict[str, HeldOut]:
     """``held_out_scores`` of each method, a progress bar over their fits (method x fold)."""
     with progress.bar(len(methods) * len(splits), desc, unit="fit") as bar:
         out = {}
         for m in methods:
             bar.set_postfix_str(m.name)
-            out[m.name] = held_out_scores(data, X, m, splits, seed, on_fold=bar.update)
+            out[m.name] = held_out_scores(data, X, m, splits, seed, on_fold=bar.update,
+                                          extra=extra)
         return out
 
 

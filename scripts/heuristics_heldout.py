@@ -5,7 +5,10 @@ the fold; its top-1 and fallback decision, the file's from the same model (the g
 
     python scripts/heuristics_heldout.py [--data data/inputs/h200_bf16]
         [--heuristics cutetune/data/heuristics_sm90_bf16.json.gz] [--objectives regression
-        rank:pairwise] [--folds 5] [--seed 0] --out FILE
+        rank:pairwise] [--also DATASET] [--folds 5] [--seed 0] --out FILE
+
+--also joins another dtype's dataset to every fit as `cutetune train --also` does (the fp16
+model's: data/inputs/h200_bf16), less the held-out fold's layers.
 """
 
 from __future__ import annotations
@@ -23,6 +26,15 @@ from cutetune.models.heuristics import Heuristics, default_path
 from cutetune.models.train import TrainOptions, train
 
 
+def _extra_without(extra, data, sub):
+    """``extra`` less the layers of ``data``'s problems that ``sub`` (a fold's training
+    problems) holds out."""
+    if extra is None:
+        return None
+    kept = set(sub.problems)
+    return extra.subset(extra.unlike([p for p in data.problems if p not in kept]))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="data/inputs/h200_bf16")
@@ -31,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--objectives", nargs="+", default=["regression", "rank:pairwise"],
                     help="objectives each fold's training chooses among (default: the time "
                     "model and the shipped model's ranker)")
+    ap.add_argument("--also", metavar="DATASET", default=None,
+                    help="another dtype's dataset joining every fit (cutetune train --also)")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
@@ -38,17 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     data = load_measurements(args.data, "dense")
+    extra = load_measurements(args.also, "dense") if args.also else None
     grid = Heuristics.load(args.heuristics).grid
     options = TrainOptions(folds=args.folds, seed=args.seed, objectives=tuple(args.objectives),
                            baselines=False, family_out=False, threads=args.threads)
     splits = data.folds(args.folds, args.seed)
     t0 = time.perf_counter()
     with progress.bar(len(splits), "folds", unit="fold") as bar:
-        rep = replay(data, lambda sub: train(sub, options)[0], splits, grid, bar.update)
+        rep = replay(data, lambda sub: train(sub, options, _extra_without(extra, data, sub))[0],
+                     splits, grid, bar.update)
     result = {"command": " ".join(["python scripts/heuristics_heldout.py", *(argv or sys.argv[1:])]),
               "data": args.data, "heuristics": args.heuristics, "grid": grid.to_json(),
               "options": {"folds": args.folds, "seed": args.seed,
-                          "objectives": args.objectives},
+                          "objectives": args.objectives, "also": args.also},
               "targets": TARGETS, "summary": summarize(rep), "seconds": time.perf_counter() - t0,
               "problems": [{"key": k, "model_ms": m, "model_aten": bool(ma), "file_ms": f,
                             "file_aten": bool(fa), "cublas_ms": c, "on_grid": bool(g)}

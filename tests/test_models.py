@@ -672,3 +672,91 @@ def test_each_layout_is_judged_on_its_own(tmp_path):
     _write_layouts(tmp_path / "one", ["kk"], n=16, configs=24)
     _, one = train(load_measurements(tmp_path / "one"), options)
     assert one.by_layout == {} and "By layout" not in markdown(one, {}, [], "")
+
+
+def _write_dtype(path, dtype: str, layouts, seed: int, device: str = SYNTHETIC_DEVICE,
+                 n: int = 9, configs: int = 16) -> None:
+    """Synthetic measurements of ``n`` random layers in ``dtype`` and ``layouts``."""
+    from cutetune.space.suites import in_layouts
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i, (suite, p) in enumerate(in_layouts(random_problems(n, seed=seed, dtype=dtype),
+                                              layouts)):
+        sampled = sample_configs(p.arch, configs, seed=i, problem=p)
+        times = synthetic_ms(p, sampled, rng)
+        base = {"device_name": device, "run_id": "synthetic", "problem_key": p.key(),
+                "suite": suite, **p.to_dict()}
+        rows += [{**base, **c.to_dict(), "backend": "quack", "config_key": c.short(),
+                  "status": "ok", "time_ms": float(t)} for c, t in zip(sampled, times)]
+        rows.append({**base, "backend": "cublas", "config_key": "", "status": "ok",
+                     "time_ms": float(times.min() * 1.05)})
+    append(path, rows)
+
+
+def test_another_dtypes_data_joins_every_fit_but_no_held_out_layer(tmp_path):
+    """fp16 folds fit on the other fp16 folds plus the bf16 data, less every bf16 problem of a
+    held-out layer in any layout (its sizes in any order); bf16 is never scored."""
+    from cutetune.models.crossval import held_out_scores
+    from cutetune.models.data import layer_key
+    from cutetune.models.methods import Method
+
+    _write_dtype(tmp_path / "fp16", "fp16", ["kk"], seed=3)
+    _write_dtype(tmp_path / "bf16", "bf16", ["kk", "mn"], seed=3)  # the same layers, two layouts
+    _write_dtype(tmp_path / "bf16", "bf16", ["kn"], seed=4)  # and others
+    data, extra = load_measurements(tmp_path / "fp16"), load_measurements(tmp_path / "bf16")
+    assert {p.dtype for p in extra.problems} == {"bf16"}
+    fits = []
+
+    def fit(d, X):
+        assert len(X) == len(d.time_ms) and (np.diff(d.group) >= 0).all()
+        fits.append(d.problems)
+
+    method = Method("zero", "", lambda d, X: np.zeros(len(X)), fit)
+    splits = data.folds(3, 0)
+    X = np.zeros((len(data.time_ms), 1))
+    extra_X = np.zeros((len(extra.time_ms), 1))
+    h = held_out_scores(data, X, method, splits, extra=(extra, extra_X))
+    assert h.problems.eff[1].shape == (data.n_problems,)  # only fp16 problems are scored
+    for (train_idx, test_idx), fitted in zip(splits, fits):
+        held = {layer_key(data.problems[i]) for i in test_idx}
+        bf16 = [p for p in fitted if p.dtype == "bf16"]
+        assert {p for p in fitted if p.dtype == "fp16"} == {data.problems[i] for i in train_idx}
+        assert not {layer_key(p) for p in bf16} & held
+        assert len(bf16) == sum(layer_key(p) not in held for p in extra.problems)
+        assert any(p.a_major == "m" for p in bf16)  # a layout the fp16 data lacks
+
+    options = TrainOptions(folds=3, n_estimators=20, max_depth=4, objectives=("regression",),
+                           baselines=False, family_out=False)
+    model, ev = train(data, options, extra)
+    assert ev.extra == {"problems": extra.n_problems, "rows": len(extra.time_ms),
+                        "dtypes": ["bf16"]}
+    assert model.dtype == "fp16" and model.metadata["trained_on"]["extra"] == ev.extra
+    assert ev.problems == data.n_problems
+
+
+def test_another_devices_data_cannot_join(tmp_path):
+    _write_dtype(tmp_path / "fp16", "fp16", ["kk"], seed=3)
+    _write_dtype(tmp_path / "h100", "bf16", ["kk"], seed=3, device="NVIDIA H100 80GB HBM3")
+    data = load_measurements(tmp_path / "fp16")
+    options = TrainOptions(folds=3, n_estimators=5, objectives=("regression",), baselines=False,
+                           family_out=False)
+    with pytest.raises(ValueError, match="H100.*cannot join those of NVIDIA H200"):
+        train(data, options, load_measurements(tmp_path / "h100"))
+
+
+def test_train_cli_also_records_and_reports_the_joined_data(tmp_path, capsys):
+    _write_dtype(tmp_path / "fp16", "fp16", ["kk"], seed=3)
+    _write_dtype(tmp_path / "bf16", "bf16", ["kk", "mn"], seed=3)
+    out, report = tmp_path / "m.json", tmp_path / "r"
+    rc = main(["train", str(tmp_path / "fp16"), "--also", str(tmp_path / "bf16"), "--out",
+               str(out), "--report", str(report), "--folds", "3", "--trees", "10",
+               "--objectives", "regression", "--no-baselines", "--no-family-out"])
+    assert rc == 0
+    extra = load_model(out, dtype="fp16").metadata["trained_on"]["extra"]
+    assert extra["dataset"] == str(tmp_path / "bf16") and len(extra["sha256"]) == 64
+    text = (report / "report.md").read_text()
+    assert f"Joined every fit, never scored: `{tmp_path / 'bf16'}`" in text
+    assert main(["train", str(tmp_path / "fp16"), "--also", str(tmp_path / "nowhere"), "--out",
+                 str(out), "--folds", "3", "--no-baselines"]) != 0
+    assert "nowhere" in capsys.readouterr().err

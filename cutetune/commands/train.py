@@ -21,26 +21,28 @@ from .options import at_least
 
 
 def run(dataset: str | os.PathLike, out: str | os.PathLike, report_dir: str | os.PathLike | None,
-        options: TrainOptions, kind: str | None = None) -> tuple[CostModel, Evaluation]:
+        options: TrainOptions, kind: str | None = None, also: str | os.PathLike | None = None
+        ) -> tuple[CostModel, Evaluation]:
     """Train on a dataset folder's problems of ``kind`` (None: its only kind), write the model
-    file and (when asked) the report. Both outputs are checked writable first: training takes
-    minutes to hours."""
+    file and (when asked) the report. ``also``: a dataset folder of the same device in another
+    dtype whose dense problems join every fit (``train``'s ``extra``). Both outputs are checked
+    writable first: training takes minutes to hours."""
     from ..models.report import write_report
 
     check_writable(out, "model file")
     if report_dir is not None:
         check_writable_dir(report_dir, "report folder")
-    digest = dataset_sha256(dataset)
-    data = load_measurements(dataset, kind)
-    if dataset_sha256(dataset) != digest:
-        raise DatasetError(f"dataset {dataset} changed while it was read; run again")
+    data, digest = _read(dataset, kind)
+    extra, extra_digest = _read(also, "dense") if also is not None else (None, None)
     missing = missing_baseline_packages(data.kind) if options.baselines else []
     if missing:
         raise UserError(f"the baselines need {', '.join(missing)}: pip install -e "
                         f"\".[baselines]\", or train with --no-baselines")
-    model, ev = train(data, options)
+    model, ev = train(data, options, extra)
     model.metadata["trained_on"]["dataset"] = str(dataset)
     model.metadata["trained_on"]["sha256"] = digest
+    if extra is not None:
+        model.metadata["trained_on"]["extra"].update(dataset=str(also), sha256=extra_digest)
     path = model.save(out)
     print(f"wrote {path} ({ev.kind} GEMMs, {ev.chosen}, {ev.problems} problems, {ev.rows} rows)")
     if report_dir is not None:
@@ -52,9 +54,19 @@ def run(dataset: str | os.PathLike, out: str | os.PathLike, report_dir: str | os
     return model, ev
 
 
+def _read(dataset: str | os.PathLike, kind: str | None):
+    """A dataset folder's measurements of ``kind`` and the digest of the parts they came from."""
+    digest = dataset_sha256(dataset)
+    data = load_measurements(dataset, kind)
+    if dataset_sha256(dataset) != digest:
+        raise DatasetError(f"dataset {dataset} changed while it was read; run again")
+    return data, digest
+
+
 def add_arguments(p: argparse.ArgumentParser, dataset: str | None = None, out: str | None = None,
-                  report: str | None = None) -> None:
-    """The train options; ``dataset``/``out``/``report`` given make those arguments optional."""
+                  report: str | None = None, also: str | None = None) -> None:
+    """The train options; ``dataset``/``out``/``report`` given make those arguments optional,
+    ``also`` is the default of --also."""
     d = TrainOptions()
     p.add_argument("dataset", nargs="?" if dataset else None, default=dataset,
                    help="dataset folder of Parquet parts (cutetune collect output)"
@@ -91,6 +103,10 @@ def add_arguments(p: argparse.ArgumentParser, dataset: str | None = None, out: s
                         + ", ".join(f"{k} {v.timer_weight:g}" for k, v in KIND_DEFAULTS.items())
                         + ")")
     p.add_argument("--threads", type=int, default=d.threads, help="threads per model fit")
+    p.add_argument("--also", metavar="DATASET", default=also,
+                   help="a dataset of the same GPU in another dtype whose dense problems join "
+                        "every fit, never scored: a held-out fold's fit leaves out its layers"
+                        + (f" (default {also}; 'none' for none)" if also else ""))
 
 
 def options_from(args: argparse.Namespace) -> TrainOptions:
@@ -114,6 +130,10 @@ def register(subparsers) -> None:
     p.set_defaults(func=_main)
 
 
+def also_from(args: argparse.Namespace) -> str | None:
+    return None if args.also in (None, "none") else args.also
+
+
 def _main(args: argparse.Namespace) -> int:
-    run(args.dataset, args.out, args.report, options_from(args), args.kind)
+    run(args.dataset, args.out, args.report, options_from(args), args.kind, also_from(args))
     return 0
