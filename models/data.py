@@ -97,9 +97,12 @@ class Measurements:
                         dtype=int)
 
     def joined(self, other: "Measurements") -> "Measurements":
-        """This data's problems, then ``other``'s, as one training set: the rows a fit reads.
-        Both are dense timings of one device (``other`` in another dtype, say)."""
+        """This data's problems, then ``other``'s (dense timings of the same device in another
+        dtype), as one training set: the rows a fit reads. It has no shapes or routings, which
+        only folds read."""
         check_joinable(self, other)
+        if not other.problems:
+            return self
         return Measurements(
             cols={k: np.concatenate([v, other.cols[k]]) for k, v in self.cols.items()},
             time_ms=np.concatenate([self.time_ms, other.time_ms]),
@@ -210,9 +213,15 @@ def from_table(table: pa.Table, kind: str | None = None) -> Measurements:
 
 def check_joinable(data: Measurements, other: Measurements) -> None:
     """ValueError unless ``other`` may join ``data``'s fits: dense problems of one arch, timed
-    on one device."""
+    on one device, in other dtypes (the same problem twice would weigh double)."""
+    if not other.problems:
+        return
     if (data.kind.name, other.kind.name) != ("dense", "dense"):
         raise ValueError("only dense measurements join another dataset's")
+    both = {p.dtype for p in data.problems} & {p.dtype for p in other.problems}
+    if both:
+        raise ValueError(f"the joined measurements must be of another dtype; both hold "
+                         f"{', '.join(sorted(both))}")
     archs = {p.arch for p in data.problems + other.problems}
     if len(archs) > 1 or other.device_name != data.device_name:
         raise ValueError(f"measurements of {other.device_name} ({', '.join(sorted(archs))}) "
@@ -227,11 +236,13 @@ def layer_key(p: GemmProblem) -> tuple[int, ...]:
 
 
 def with_extra(data: Measurements, X: np.ndarray, extra: tuple[Measurements, np.ndarray],
-               held_out=()) -> tuple[Measurements, np.ndarray]:
+               held_out=(), held_family: str | None = None) -> tuple[Measurements, np.ndarray]:
     """``data`` and its feature rows, joined by ``extra``'s (measurements, feature rows) less
-    its problems of a layer among ``held_out``'s: a fit's training set."""
+    its problems of a layer among ``held_out``'s and of ``held_family``: a fit's training set."""
     other, other_X = extra
     keep = other.unlike(held_out)
+    if held_family is not None:
+        keep = keep[other.families[keep] != held_family]
     return data.joined(other.subset(keep)), np.vstack([X, other_X[other.rows_of(keep)]])
 
 

@@ -113,10 +113,11 @@ def _extra_line(extra: dict | None) -> list[str]:
     """The report's line on another dtype's data that joined every fit (``train``'s extra)."""
     if not extra:
         return []
-    return [f"Joined every fit, never scored: `{extra.get('dataset', '?')}` (sha256 "
-            f"`{str(extra.get('sha256', '?'))[:16]}…`), {extra['problems']} problems in "
-            f"{', '.join(extra['dtypes'])}, {extra['rows']} rows; a held-out fold's fits leave "
-            f"out its problems' layers (their sizes in any order)."]
+    return [f"Joined every fit of the learned models, never scored: "
+            f"`{extra.get('dataset', '?')}` (sha256 `{str(extra.get('sha256', '?'))[:16]}…`), "
+            f"{extra['problems']} problems in {', '.join(extra['dtypes'])}, {extra['rows']} rows; "
+            f"a held-out fold's fits leave out its problems' layers (their sizes in any order), "
+            f"a held-out family's fits that family. The baselines fit on this dataset alone."]
 
 
 def markdown(ev: Evaluation, metadata: dict, plots: list[str], note: str) -> str:

@@ -115,10 +115,11 @@ def _single(values, what: str) -> str:
 def train(data: Measurements, options: TrainOptions = TrainOptions(),
           extra: Measurements | None = None) -> tuple[CostModel, Evaluation]:
     """The model of ``data``'s problems and its evaluation on them. ``extra``, dense
-    measurements of the same arch and device in another dtype, joins every fit (a held-out
-    fold's fit less the fold's layers: ``crossval.held_out_scores``) but is never scored: one
-    dtype's configs rank alike in another (docs/results.md), so it lends layouts that
-    ``data`` lacks."""
+    measurements of the same arch and device in another dtype, joins every fit of the learned
+    methods (a held-out fold's fit less the fold's layers and held-out family:
+    ``crossval.held_out_scores``) but is never scored: one dtype's configs rank alike in
+    another (docs/results.md), so it lends the layouts that ``data`` was not measured in. The
+    baselines fit on ``data`` alone, as without it."""
     arch = _single((p.arch for p in data.problems), "arch")
     dtype = _single((p.dtype for p in data.problems), "dtype")
     if "regression" not in options.objectives:
@@ -143,7 +144,8 @@ def train(data: Measurements, options: TrainOptions = TrainOptions(),
                                  kind) if options.baselines else []
 
     splits = data.folds(options.folds, options.seed)
-    cv = _held_out(data, X, xgb + baselines, splits, options.seed, "cross-validation", aux)
+    cv = _held_out(data, X, xgb, splits, options.seed, "cross-validation", aux)
+    cv.update(_held_out(data, X, baselines, splits, options.seed, "cross-validation"))
     cv.update(_blends_held_out(data, cv, blends, options.timer_weight, splits, options.seed))
     cv = {m.name: cv[m.name] for m in learned + baselines}  # in the report's order
     chosen = _choose(cv, [m.name for m in learned])
@@ -164,14 +166,13 @@ def train(data: Measurements, options: TrainOptions = TrainOptions(),
                     "dtypes": sorted({p.dtype for p in extra.problems})}
 
     if options.family_out and len(ev.families) > 1:
-        families = data.families
-        lofo = leave_family_out(families)
-        lofo_splits = [(tr, te) for _, tr, te in lofo]
-        methods = [x for x in learned if x.name == chosen] + baselines
-        for name, h in _held_out(data, X, methods, lofo_splits, options.seed,
-                                 "leave-family-out", aux).items():
-            ev.lofo_summary[name] = {fam: summarize(h.problems, families == fam)
-                                     for fam, _, _ in lofo}
+        chosen_method = [x for x in learned if x.name == chosen]
+        for fam, tr, te in leave_family_out(data.families):
+            held = {**_held_out(data, X, chosen_method, [(tr, te)], options.seed,
+                                f"leave {fam} out", aux, fam),
+                    **_held_out(data, X, baselines, [(tr, te)], options.seed, f"leave {fam} out")}
+            for name, h in held.items():
+                ev.lofo_summary.setdefault(name, {})[fam] = summarize(h.problems)
 
     fit_data, fit_X = (data, X) if aux is None else with_extra(data, X, aux)
     ranker = _final(chosen, options, fit_X, fit_data)
@@ -195,14 +196,14 @@ def train(data: Measurements, options: TrainOptions = TrainOptions(),
 
 
 def _held_out(data: Measurements, X: np.ndarray, methods: list[Method], splits, seed: int,
-              desc: str, extra=None) -> dict[str, HeldOut]:
+              desc: str, extra=None, held_family: str | None = None) -> dict[str, HeldOut]:
     """``held_out_scores`` of each method, a progress bar over their fits (method x fold)."""
     with progress.bar(len(methods) * len(splits), desc, unit="fit") as bar:
         out = {}
         for m in methods:
             bar.set_postfix_str(m.name)
             out[m.name] = held_out_scores(data, X, m, splits, seed, on_fold=bar.update,
-                                          extra=extra)
+                                          extra=extra, held_family=held_family)
         return out
 
 

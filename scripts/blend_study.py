@@ -1,5 +1,6 @@
 """How the ranker's blend with the time model and the fallback quantile fare over several CV
-splits and seeds: the evidence behind a kind's defaults (``models.train.KIND_DEFAULTS``).
+splits and seeds, by layout where the problems span several: the evidence behind a kind's
+defaults (``models.train.KIND_DEFAULTS``).
 
 For each (split seed, model seed): out-of-fold scores of the pairwise ranker and the
 regression, problem-grouped K-fold; then for each timer weight the blend's held-out top-1

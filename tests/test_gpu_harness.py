@@ -65,14 +65,17 @@ LAYOUT_AND_BMM_PROBLEMS = [GemmProblem(512, 1024, 2048, b_major="n"),
 
 @pytest.mark.parametrize("p", LAYOUT_AND_BMM_PROBLEMS, ids=lambda p: p.key())
 def test_layouts_and_batches_are_measured_correctly(gpu_worker, p):
-    """Every routing the space allows for the problem (swapped A and B, split K) computes the
-    problem's product: the numerics check runs on each row against the fp32 reference."""
+    """Every routing the space allows for the problem (swapped A and B, split K where K has the
+    tiles) computes the problem's product: the numerics check runs on each row against the
+    fp32 reference."""
     from cutetune.space.enumerate import sample_configs
+    from cutetune.space.rules import tile_k
     from cutetune.tuner.measure.timing import MeasureTask, measure
 
     valid = sample_configs("sm90", 64, seed=0, problem=p)
     picks = [next(c for c in valid if c.swap_ab), next(c for c in valid if not c.swap_ab)]
     picks += [c for c in valid if c.split_k > 1][:1]
+    assert (picks[-1].split_k > 1) == (p.k >= 4 * tile_k(p.dtype))  # split 2 needs 4 K tiles
     rows = measure(MeasureTask(p, "test", tuple(picks), cublas=True))
     assert len(rows) == 1 + len(picks)
     for r in rows:

@@ -756,7 +756,31 @@ def test_train_cli_also_records_and_reports_the_joined_data(tmp_path, capsys):
     extra = load_model(out, dtype="fp16").metadata["trained_on"]["extra"]
     assert extra["dataset"] == str(tmp_path / "bf16") and len(extra["sha256"]) == 64
     text = (report / "report.md").read_text()
-    assert f"Joined every fit, never scored: `{tmp_path / 'bf16'}`" in text
+    assert f"Joined every fit of the learned models, never scored: `{tmp_path / 'bf16'}`" in text
     assert main(["train", str(tmp_path / "fp16"), "--also", str(tmp_path / "nowhere"), "--out",
                  str(out), "--folds", "3", "--no-baselines"]) != 0
     assert "nowhere" in capsys.readouterr().err
+
+
+def test_a_held_out_family_and_layer_leave_the_joined_data(tmp_path):
+    """Leave-one-family-out drops the joined data's problems of that family too; a fit whose
+    held-out layers cover all of the joined data fits on its own data alone; the same dtype
+    cannot join (its problems would weigh double)."""
+    from cutetune.models.data import with_extra
+
+    _write_dtype(tmp_path / "fp16", "fp16", ["kk"], seed=3)
+    _write_dtype(tmp_path / "bf16", "bf16", ["kk", "mn"], seed=5)
+    data, extra = load_measurements(tmp_path / "fp16"), load_measurements(tmp_path / "bf16")
+    X, extra_X = np.zeros((len(data.time_ms), 2)), np.ones((len(extra.time_ms), 2))
+    assert set(extra.families) == {"random"}
+    joined, joined_X = with_extra(data, X, (extra, extra_X), held_family="llama3_8b")
+    assert joined.n_problems == data.n_problems + extra.n_problems
+    assert len(joined_X) == len(joined.time_ms) and (joined_X[len(X):] == 1).all()
+    alone, alone_X = with_extra(data, X, (extra, extra_X), held_family="random")
+    assert alone is data and len(alone_X) == len(X)
+    alone, _ = with_extra(data, X, (extra, extra_X), held_out=extra.problems)
+    assert alone is data
+    options = TrainOptions(folds=3, n_estimators=5, objectives=("regression",), baselines=False,
+                           family_out=False)
+    with pytest.raises(ValueError, match="another dtype; both hold fp16"):
+        train(data, options, data)

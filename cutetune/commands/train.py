@@ -11,7 +11,7 @@ from pathlib import Path
 from ..artifacts import check_writable, check_writable_dir
 from ..errors import UserError
 from ..models.artifact import CostModel
-from ..models.data import dataset_sha256, load_measurements
+from ..models.data import Measurements, dataset_sha256, load_measurements
 from ..models.dataset import DatasetError
 from ..models.fallback import OBJECTIVES
 from ..models.kinds import KINDS
@@ -33,7 +33,15 @@ def run(dataset: str | os.PathLike, out: str | os.PathLike, report_dir: str | os
     if report_dir is not None:
         check_writable_dir(report_dir, "report folder")
     data, digest = _read(dataset, kind)
-    extra, extra_digest = _read(also, "dense") if also is not None else (None, None)
+    extra, extra_digest = None, None
+    if also is not None:
+        if data.kind.name != "dense":
+            raise UserError(f"--also joins another dtype's data to a dense model's fits; "
+                            f"these are {data.kind.name} problems")
+        try:
+            extra, extra_digest = _read(also, "dense")
+        except (DatasetError, FileNotFoundError) as e:
+            raise type(e)(f"--also {also}: {e}") from e
     missing = missing_baseline_packages(data.kind) if options.baselines else []
     if missing:
         raise UserError(f"the baselines need {', '.join(missing)}: pip install -e "
@@ -54,7 +62,7 @@ def run(dataset: str | os.PathLike, out: str | os.PathLike, report_dir: str | os
     return model, ev
 
 
-def _read(dataset: str | os.PathLike, kind: str | None):
+def _read(dataset: str | os.PathLike, kind: str | None) -> tuple[Measurements, str]:
     """A dataset folder's measurements of ``kind`` and the digest of the parts they came from."""
     digest = dataset_sha256(dataset)
     data = load_measurements(dataset, kind)
@@ -131,6 +139,7 @@ def register(subparsers) -> None:
 
 
 def also_from(args: argparse.Namespace) -> str | None:
+    """--also's dataset: None for none, also where the default names one ("none")."""
     return None if args.also in (None, "none") else args.also
 
 
