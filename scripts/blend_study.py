@@ -47,6 +47,11 @@ def out_of_fold(data, X: np.ndarray, splits, seed: int) -> tuple[np.ndarray, np.
                  xgb_methods(("rank:pairwise", "regression"), seed, **params))
 
 
+def _top1(summary: dict) -> dict:
+    """What the study keeps of a summary: the problems and the top-1's geomean and P10."""
+    return {k: summary[k] for k in ("problems", "top1_geomean", "top1_p10")}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="data/inputs/h200_bf16_grouped")
@@ -74,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             run = {"split_seed": split_seed, "seed": seed, "timer_weight": w,
                    "top1_geomean": s["top1_geomean"], "top1_p10": s["top1_p10"],
                    "top1_min": s["top1_min"], "fallback": [],
-                   "by_layout": {name: {k: summarize(ps, mask)[k] for k in
-                                        ("problems", "top1_geomean", "top1_p10")}
+                   "by_layout": {name: _top1(summarize(ps, mask))
                                  for name, mask in layouts.items()}}
             Xf = fallback_inputs(desc, timer[ps.top1_row])
             log_ratio = np.log(ps.top1_ms / data.cublas_ms)

@@ -622,15 +622,18 @@ def test_shipped_model_matches_this_cutetune():
     assert model.metadata["trained_on"]["sha256"]
 
 
-def _write_layouts(path, layouts, n: int = 12, configs: int = 8) -> None:
+def _write_layouts(path, layouts, n: int = 12, configs: int = 8, dtype: str = "bf16",
+                   seed: int = 1, device: str = SYNTHETIC_DEVICE) -> None:
+    """Synthetic measurements of ``n`` random layers (drawn by ``seed``) in ``dtype`` and
+    ``layouts``."""
     from cutetune.space.suites import in_layouts
 
     rng = np.random.default_rng(0)
-    problems = in_layouts(random_problems(n, seed=1), layouts)
+    problems = in_layouts(random_problems(n, seed=seed, dtype=dtype), layouts)
     rows = []
     for i, (suite, p) in enumerate(problems):
         sampled = sample_configs(p.arch, configs, seed=i, problem=p)
-        base = {"device_name": SYNTHETIC_DEVICE, "run_id": "synthetic", "problem_key": p.key(),
+        base = {"device_name": device, "run_id": "synthetic", "problem_key": p.key(),
                 "suite": suite, **p.to_dict()}
         rows += [{**base, **c.to_dict(), "backend": "quack", "config_key": c.short(),
                   "status": "ok", "time_ms": float(t)}
@@ -674,26 +677,6 @@ def test_each_layout_is_judged_on_its_own(tmp_path):
     assert one.by_layout == {} and "By layout" not in markdown(one, {}, [], "")
 
 
-def _write_dtype(path, dtype: str, layouts, seed: int, device: str = SYNTHETIC_DEVICE,
-                 n: int = 9, configs: int = 16) -> None:
-    """Synthetic measurements of ``n`` random layers in ``dtype`` and ``layouts``."""
-    from cutetune.space.suites import in_layouts
-
-    rng = np.random.default_rng(seed)
-    rows = []
-    for i, (suite, p) in enumerate(in_layouts(random_problems(n, seed=seed, dtype=dtype),
-                                              layouts)):
-        sampled = sample_configs(p.arch, configs, seed=i, problem=p)
-        times = synthetic_ms(p, sampled, rng)
-        base = {"device_name": device, "run_id": "synthetic", "problem_key": p.key(),
-                "suite": suite, **p.to_dict()}
-        rows += [{**base, **c.to_dict(), "backend": "quack", "config_key": c.short(),
-                  "status": "ok", "time_ms": float(t)} for c, t in zip(sampled, times)]
-        rows.append({**base, "backend": "cublas", "config_key": "", "status": "ok",
-                     "time_ms": float(times.min() * 1.05)})
-    append(path, rows)
-
-
 def test_another_dtypes_data_joins_every_fit_but_no_held_out_layer(tmp_path):
     """fp16 folds fit on the other fp16 folds plus the bf16 data, less every bf16 problem of a
     held-out layer in any layout (its sizes in any order); bf16 is never scored."""
@@ -701,9 +684,9 @@ def test_another_dtypes_data_joins_every_fit_but_no_held_out_layer(tmp_path):
     from cutetune.models.data import layer_key
     from cutetune.models.methods import Method
 
-    _write_dtype(tmp_path / "fp16", "fp16", ["kk"], seed=3)
-    _write_dtype(tmp_path / "bf16", "bf16", ["kk", "mn"], seed=3)  # the same layers, two layouts
-    _write_dtype(tmp_path / "bf16", "bf16", ["kn"], seed=4)  # and others
+    _write_layouts(tmp_path / "fp16", ["kk"], dtype="fp16", seed=3)
+    _write_layouts(tmp_path / "bf16", ["kk", "mn"], seed=3)  # the same layers, two layouts
+    _write_layouts(tmp_path / "bf16", ["kn"], seed=4)  # and others
     data, extra = load_measurements(tmp_path / "fp16"), load_measurements(tmp_path / "bf16")
     assert {p.dtype for p in extra.problems} == {"bf16"}
     fits = []
@@ -736,8 +719,8 @@ def test_another_dtypes_data_joins_every_fit_but_no_held_out_layer(tmp_path):
 
 
 def test_another_devices_data_cannot_join(tmp_path):
-    _write_dtype(tmp_path / "fp16", "fp16", ["kk"], seed=3)
-    _write_dtype(tmp_path / "h100", "bf16", ["kk"], seed=3, device="NVIDIA H100 80GB HBM3")
+    _write_layouts(tmp_path / "fp16", ["kk"], dtype="fp16", seed=3)
+    _write_layouts(tmp_path / "h100", ["kk"], seed=3, device="NVIDIA H100 80GB HBM3")
     data = load_measurements(tmp_path / "fp16")
     options = TrainOptions(folds=3, n_estimators=5, objectives=("regression",), baselines=False,
                            family_out=False)
@@ -746,8 +729,8 @@ def test_another_devices_data_cannot_join(tmp_path):
 
 
 def test_train_cli_also_records_and_reports_the_joined_data(tmp_path, capsys):
-    _write_dtype(tmp_path / "fp16", "fp16", ["kk"], seed=3)
-    _write_dtype(tmp_path / "bf16", "bf16", ["kk", "mn"], seed=3)
+    _write_layouts(tmp_path / "fp16", ["kk"], dtype="fp16", seed=3)
+    _write_layouts(tmp_path / "bf16", ["kk", "mn"], seed=3)
     out, report = tmp_path / "m.json", tmp_path / "r"
     rc = main(["train", str(tmp_path / "fp16"), "--also", str(tmp_path / "bf16"), "--out",
                str(out), "--report", str(report), "--folds", "3", "--trees", "10",
@@ -768,8 +751,8 @@ def test_a_held_out_family_and_layer_leave_the_joined_data(tmp_path):
     cannot join (its problems would weigh double)."""
     from cutetune.models.data import with_extra
 
-    _write_dtype(tmp_path / "fp16", "fp16", ["kk"], seed=3)
-    _write_dtype(tmp_path / "bf16", "bf16", ["kk", "mn"], seed=5)
+    _write_layouts(tmp_path / "fp16", ["kk"], dtype="fp16", seed=3)
+    _write_layouts(tmp_path / "bf16", ["kk", "mn"], seed=5)
     data, extra = load_measurements(tmp_path / "fp16"), load_measurements(tmp_path / "bf16")
     X, extra_X = np.zeros((len(data.time_ms), 2)), np.ones((len(extra.time_ms), 2))
     assert set(extra.families) == {"random"}
