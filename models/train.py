@@ -44,14 +44,17 @@ class KindDefaults:
     fallback_objective: str  # fallback.OBJECTIVES
     # weight of the time model's log time added to a ranking objective's score (0: no blend)
     timer_weight: float
+    objectives: tuple[str, ...]  # XGBoost objectives tried, regression first (the time model)
 
 
 # Grouped problems: few measured configs per dgrad/wgrad problem, where the ranking objective
 # alone misorders, and a torch._grouped_mm that is near the best on large problems, where a
 # bolder fallback quantile loses to it. Dense problems: a top-1 within a few percent of cuBLAS
-# either way, where the classifier decides better than the regression's quantile.
-KIND_DEFAULTS = {"dense": KindDefaults(0.75, "classifier", 0.0),
-                 "grouped": KindDefaults(0.9, "quantile", 4.0)}
+# either way, where the classifier decides better than the regression's quantile, and where
+# the NDCG ranker never beat the pairwise one beyond noise (data/reports/bf16_join_h200.json.gz).
+KIND_DEFAULTS = {"dense": KindDefaults(0.75, "classifier", 0.0, ("regression", "rank:pairwise")),
+                 "grouped": KindDefaults(0.9, "quantile", 4.0,
+                                         ("regression", "rank:pairwise", "rank:ndcg"))}
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class TrainOptions:
     seed: int = 0
     n_estimators: int = BoosterModel.n_estimators
     max_depth: int = BoosterModel.max_depth
-    objectives: tuple[str, ...] = ("regression", "rank:pairwise", "rank:ndcg")
+    objectives: tuple[str, ...] | None = None  # None: the kind's (KIND_DEFAULTS)
     baselines: bool = True
     family_out: bool = True
     fallback_quantile: float | None = None  # None: the kind's (KIND_DEFAULTS)
@@ -75,7 +78,7 @@ class TrainOptions:
                        if self.fallback_quantile is None else self.fallback_quantile,
                        fallback_objective=self.fallback_objective or d.fallback_objective,
                        timer_weight=d.timer_weight if self.timer_weight is None
-                       else self.timer_weight)
+                       else self.timer_weight, objectives=self.objectives or d.objectives)
 
 
 @dataclass
@@ -122,13 +125,13 @@ def train(data: Measurements, options: TrainOptions = TrainOptions(),
     baselines fit on ``data`` alone, as without it."""
     arch = _single((p.arch for p in data.problems), "arch")
     dtype = _single((p.dtype for p in data.problems), "dtype")
-    if "regression" not in options.objectives:
-        raise ValueError("the regression objective is required: it is the model's time predictor")
     if data.n_problems < options.folds:
         raise ValueError(f"{data.n_problems} problems cannot fill {options.folds} CV folds")
     device = device_for(data.device_name)
     kind = data.kind
     options = options.for_kind(kind.name)
+    if "regression" not in options.objectives:
+        raise ValueError("the regression objective is required: it is the model's time predictor")
     X = dataset_features(data, device)
     aux = None
     if extra is not None:

@@ -16,6 +16,7 @@
 #               -> h200_bf16
 #   bmm         the bmm suite (attention's batched GEMMs), sampled configs -> h200_bf16
 #   fp16        the train suite in fp16, sampled configs -> dataset h200_fp16
+#   fp16_layouts  the same in the kn, mk and mn layouts -> h200_fp16
 #   gpu_tests   every test marked gpu               -> $OUT/gpu_tests_all.log
 #   grouped_tests  the grouped harness's GPU tests  -> $OUT/gpu_tests_grouped.log
 #   grouped_fwd    MoE forward GEMMs: every config of the cheaper ones
@@ -56,6 +57,8 @@ pack() { tar -C "$ROOT" -czf "$OUT/datasets.tgz" . ; ls -la "$OUT"; }
 SHIPPED=data/inputs/h200_bf16
 case " $* " in *" train "*|*" exhaustive "*|*" repeat "*|*" layouts"*|*" bmm "*)
   [ -d "$ROOT/h200_bf16" ] || { [ -d $SHIPPED ] && cp -r $SHIPPED "$ROOT/"; } ;; esac
+case " $* " in *" fp16"*)
+  [ -d "$ROOT/h200_fp16" ] || { [ -d data/inputs/h200_fp16 ] && cp -r data/inputs/h200_fp16 "$ROOT/"; } ;; esac
 PLAN=/tmp/grouped-plan
 # the grouped dataset, resumed from the committed one where this machine has none yet
 grouped_data() { [ -d "$ROOT/h200_bf16_grouped" ] || cp -r data/inputs/h200_bf16_grouped "$ROOT/"; }
@@ -88,6 +91,9 @@ for stage in "$@"; do
     fp16)
       python -m cutetune collect --problems train --dtype fp16 --configs sample:150@300 \
         --out "$ROOT/h200_fp16" --time-budget "$(left 30)" --stats "$OUT/collect_fp16_stats.json" 2>&1 | tail -n 5 ;;
+    fp16_layouts)
+      python -m cutetune collect --problems train --dtype fp16 --layouts kn,mk,mn --configs sample:150@300 \
+        --out "$ROOT/h200_fp16" --time-budget "$(left 30)" --stats "$OUT/collect_fp16_layouts_stats.json" 2>&1 | tail -n 5 ;;
     exhaustive)
       python -m cutetune collect --problems exhaustive --configs all --target-ms 1 --out "$ROOT/h200_bf16" \
         --time-budget "$(left 90)" --stats "$OUT/collect_exhaustive_stats.json" 2>&1 | tail -n 30 ;;

@@ -7,8 +7,9 @@ the fold; its top-1 and fallback decision, the file's from the same model (the g
         [--heuristics cutetune/data/heuristics_sm90_bf16.json.gz] [--objectives regression
         rank:pairwise] [--also DATASET] [--folds 5] [--seed 0] --out FILE
 
---also joins another dtype's dataset to every fit as `cutetune train --also` does (the fp16
-model's: data/inputs/h200_bf16), less the held-out fold's layers.
+--also joins another dtype's dataset to every fit as `cutetune train --also` does (the
+shipped models': bf16's data/inputs/h200_fp16, fp16's data/inputs/h200_bf16), less the held-out
+fold's layers.
 """
 
 from __future__ import annotations

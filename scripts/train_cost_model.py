@@ -4,8 +4,9 @@
         [--report DIR] [train options]
     python scripts/train_cost_model.py --shipped grouped --picks-only [--out FILE]
 
-Defaults per shipped model (``SHIPPED``): dense, data/inputs/h200_bf16 ->
-cutetune/data/cost_model_sm90_bf16.json.gz and data/reports/model_h200_bf16/; fp16 (dense),
+Defaults per shipped model (``SHIPPED``): dense, data/inputs/h200_bf16, its fits joined by
+data/inputs/h200_fp16 (--also) -> cutetune/data/cost_model_sm90_bf16.json.gz and
+data/reports/model_h200_bf16/; fp16 (dense),
 data/inputs/h200_fp16, its fits joined by data/inputs/h200_bf16 (--also) ->
 cutetune/data/cost_model_sm90_fp16.json.gz and data/reports/model_h200_fp16/; grouped (MoE
 expert GEMMs), data/inputs/h200_bf16_grouped ->
@@ -31,10 +32,11 @@ from cutetune.tuner.kernels.grouped_mm import RAGGED_RUNGS
 
 
 # shipped model -> (dataset, model file, report folder, kind, another dtype's data joining
-# its fits: the bf16 layouts that fp16 was not measured in)
+# its fits: the bf16 layouts that fp16 was not measured in; fp16's problems, which lift bf16's
+# held-out top-1 and P10 on two CV splits: data/reports/bf16_join_h200.json.gz)
 SHIPPED = {
     "dense": ("data/inputs/h200_bf16", f"cutetune/data/{model_file_name('sm90', 'bf16')}",
-              "data/reports/model_h200_bf16", "dense", None),
+              "data/reports/model_h200_bf16", "dense", "data/inputs/h200_fp16"),
     "fp16": ("data/inputs/h200_fp16", f"cutetune/data/{model_file_name('sm90', 'fp16')}",
              "data/reports/model_h200_fp16", "dense", "data/inputs/h200_bf16"),
     "grouped": ("data/inputs/h200_bf16_grouped",

@@ -580,7 +580,8 @@ def test_training_fits_each_booster_once_per_fold(trained, monkeypatch, fallback
     data, folds = load_measurements(trained[0]), 3
     model, ev = train(data, TrainOptions(folds=folds, n_estimators=4, max_depth=3,
                                          baselines=False, family_out=False, timer_weight=1.0,
-                                         fallback_objective=fallback))
+                                         fallback_objective=fallback,
+                                         objectives=("regression", "rank:pairwise", "rank:ndcg")))
     assert set(BLEND_NAMES.values()) <= set(ev.cv) and len(ev.fallback) == 3
     fallback_fits = folds + 1  # its folds' and the shipped one's
     assert fits == {  # each objective per fold, the shipped model's ranker and time model

@@ -90,9 +90,10 @@ def add_arguments(p: argparse.ArgumentParser, dataset: str | None = None, out: s
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--trees", action=at_least(1), default=d.n_estimators)
     p.add_argument("--depth", action=at_least(1), default=d.max_depth)
-    p.add_argument("--objectives", default=",".join(d.objectives),
+    p.add_argument("--objectives",
                    help="XGBoost objectives to try, comma-separated (regression is always kept: "
-                        "it is the time model)")
+                        "it is the time model; default: the kind's, " + "; ".join(
+                            f"{k} {','.join(v.objectives)}" for k, v in KIND_DEFAULTS.items()) + ")")
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline methods")
     p.add_argument("--no-family-out", action="store_true",
                    help="skip the leave-one-family-out evaluation")
@@ -119,7 +120,7 @@ def add_arguments(p: argparse.ArgumentParser, dataset: str | None = None, out: s
 
 def options_from(args: argparse.Namespace) -> TrainOptions:
     objectives = tuple(dict.fromkeys(["regression"] + [o.strip() for o in args.objectives.split(",")
-                                                       if o.strip()]))
+                                                       if o.strip()])) if args.objectives else None
     if args.fallback_quantile is not None and not 0.0 < args.fallback_quantile < 1.0:
         raise ValueError(f"--fallback-quantile must be in (0, 1), got {args.fallback_quantile}")
     if args.timer_weight is not None and not args.timer_weight >= 0.0:
