@@ -292,6 +292,13 @@ def compact(path: str | os.PathLike) -> Path:
     return path
 
 
+def device_names(path: str | os.PathLike) -> set[str]:
+    """The GPUs whose measurements the dataset holds."""
+    if not parts(path):
+        return set()
+    return set(load(path, columns=["device_name"]).column("device_name").drop_null().to_pylist())
+
+
 def done_keys(path: str | os.PathLike) -> set[tuple]:
     """Keys already measured (any status), so a resumed run skips them."""
     if not parts(path):

@@ -78,7 +78,8 @@ class TrainOptions:
                        if self.fallback_quantile is None else self.fallback_quantile,
                        fallback_objective=self.fallback_objective or d.fallback_objective,
                        timer_weight=d.timer_weight if self.timer_weight is None
-                       else self.timer_weight, objectives=self.objectives or d.objectives)
+                       else self.timer_weight,
+                       objectives=d.objectives if self.objectives is None else self.objectives)
 
 
 @dataclass

@@ -118,6 +118,29 @@ def test_a_sampled_problem_is_done_at_its_count_whichever_configs_it_has(tmp_pat
         == 2 * 6
 
 
+def other_gpu_measure(task):
+    return [{**r, "device_name": "another GPU"} for r in plain_measure(task)]
+
+
+def test_collect_refuses_another_gpus_rows_and_keeps_the_dataset(tmp_path):
+    """A dataset is one device's: rows of another GPU are refused before they are appended."""
+    out = str(tmp_path / "ds")
+
+    def run(problem, measure):
+        return collect([("t", problem)], "sample:2", out, compile_workers=1,
+                       cache_dir=str(tmp_path / "c"), measure_fn=measure, gpu_init=fake_init,
+                       compile_fn=plain_compile)
+
+    run(GemmProblem(256, 512, 1024), plain_measure)
+    before = dataset.load(out).to_pylist()
+
+    with pytest.raises(ValueError, match="holds measurements of synthetic-test-stand-in, and "
+                                         "this GPU is another GPU"):
+        run(GemmProblem(512, 1024, 256), other_gpu_measure)
+    assert dataset.load(out).to_pylist() == before
+    assert run(GemmProblem(512, 1024, 256), plain_measure)["measured"] == 3
+
+
 def test_a_pooled_sample_draws_from_its_classes_pool():
     """'sample:N@K': N valid configs per problem from K compile keys shared by the problems of
     a kernel class (dtype, majors), topped up from the rest where the pool has too few."""

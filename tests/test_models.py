@@ -85,6 +85,27 @@ def trained(tmp_path_factory):
     return root / "data", model, report
 
 
+def test_dense_training_tries_regression_and_pairwise_by_default(trained):
+    """The dense kind's objectives (KIND_DEFAULTS): NDCG is not fit unless asked for."""
+    metrics = json.loads((trained[2] / "metrics.json").read_text())
+    assert {k for k in metrics["cv"] if k.startswith("xgb_")} == {"xgb_regression", "xgb_pairwise"}
+
+
+def test_objectives_option_keeps_regression_and_defaults_to_the_kinds(trained):
+    import argparse
+
+    from cutetune.commands.train import add_arguments, options_from
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    parse = lambda *a: options_from(p.parse_args(["data", "--out", "m.json", *a]))  # noqa: E731
+    assert parse().objectives is None
+    assert parse("--objectives", "rank:ndcg").objectives == ("regression", "rank:ndcg")
+    assert parse("--objectives", "").objectives == ("regression",)
+    with pytest.raises(ValueError, match="regression objective is required"):
+        train(load_measurements(trained[0]), TrainOptions(objectives=("rank:pairwise",)))
+
+
 def test_held_out_metrics_above_floor(trained):
     _, _, report = trained
     metrics = json.loads((report / "metrics.json").read_text())

@@ -119,8 +119,8 @@ def add_arguments(p: argparse.ArgumentParser, dataset: str | None = None, out: s
 
 
 def options_from(args: argparse.Namespace) -> TrainOptions:
-    objectives = tuple(dict.fromkeys(["regression"] + [o.strip() for o in args.objectives.split(",")
-                                                       if o.strip()])) if args.objectives else None
+    objectives = None if args.objectives is None else tuple(dict.fromkeys(
+        ["regression"] + [o.strip() for o in args.objectives.split(",") if o.strip()]))
     if args.fallback_quantile is not None and not 0.0 < args.fallback_quantile < 1.0:
         raise ValueError(f"--fallback-quantile must be in (0, 1), got {args.fallback_quantile}")
     if args.timer_weight is not None and not args.timer_weight >= 0.0:
