@@ -299,6 +299,15 @@ def device_names(path: str | os.PathLike) -> set[str]:
     return set(load(path, columns=["device_name"]).column("device_name").drop_null().to_pylist())
 
 
+def check_device(rows, held: set[str], path: str | os.PathLike) -> None:
+    """Refuse ``rows`` of another GPU than ``held``, the dataset's (``device_names``): a model
+    learns one device's times, and one foreign row makes the dataset unloadable for training."""
+    new = {r["device_name"] for r in rows if r.get("device_name")} - held
+    if held and new:
+        raise ValueError(f"{path} holds measurements of {', '.join(sorted(held))}, and these "
+                         f"are of {', '.join(sorted(new))}: collect into another dataset folder")
+
+
 def done_keys(path: str | os.PathLike) -> set[tuple]:
     """Keys already measured (any status), so a resumed run skips them."""
     if not parts(path):

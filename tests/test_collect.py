@@ -135,7 +135,7 @@ def test_collect_refuses_another_gpus_rows_and_keeps_the_dataset(tmp_path):
     before = dataset.load(out).to_pylist()
 
     with pytest.raises(ValueError, match="holds measurements of synthetic-test-stand-in, and "
-                                         "this GPU is another GPU"):
+                                         "these are of another GPU"):
         run(GemmProblem(512, 1024, 256), other_gpu_measure)
     assert dataset.load(out).to_pylist() == before
     assert run(GemmProblem(512, 1024, 256), plain_measure)["measured"] == 3

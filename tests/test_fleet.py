@@ -112,6 +112,26 @@ def test_export_appends_rows_as_a_gpu_worker_makes_them(tmp_path):
     assert dataset.done_keys(tmp_path / "out") == {key("p", "cublas")}
 
 
+def test_export_refuses_another_gpus_rows(tmp_path):
+    """A dataset is one device's: an export of another GPU's rows is refused whole."""
+    from cutetune.tuner.fleet.queue import encode_rows
+
+    out = tmp_path / "out"
+    dataset.append(out, [{"problem_key": "p", "backend": "cublas", "config_key": "",
+                          "status": "ok", "time_ms": 1.0, "device_name": "NVIDIA H200"}])
+    study = optuna.create_study()
+    trial = study.ask()
+    trial.set_user_attr(fplan.ITEM_ATTR, "q#0")
+    trial.set_user_attr(fplan.ROWS_ATTR, encode_rows([
+        {"problem_key": "q", "backend": "cublas", "config_key": "", "status": "ok",
+         "time_ms": 1.0, "device_name": "NVIDIA H100 80GB HBM3"}]))
+    study.tell(trial, 0.0)
+    with pytest.raises(ValueError, match="holds measurements of NVIDIA H200, and these are of "
+                                         "NVIDIA H100 80GB HBM3"):
+        frun.export(study, str(out))
+    assert dataset.done_keys(out) == {key("p", "cublas")}
+
+
 def test_plan_covers_pending_work_once():
     configs = tuple(KernelConfig(tile_m=128, tile_n=n, cluster_m=1)
                     for n in (64, 96, 128, 160, 192))

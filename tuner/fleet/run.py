@@ -36,6 +36,7 @@ def export(study: optuna.Study, out: str) -> dict:
             continue
         seen_items.add(item)
         rows += decode_rows(t.user_attrs[ROWS_ATTR])
+    dataset.check_device(rows, dataset.device_names(out), out)
     have = dataset.done_keys(out)
     new = []
     for r in rows:

@@ -202,15 +202,6 @@ class Progress:
             print(self.line(pending, ex), file=sys.stderr, flush=True)
 
 
-def _check_device(rows, held: set[str], out: str) -> None:
-    """Refuse rows of another GPU than the dataset's: a model learns one device's times, and
-    one foreign row would make the whole dataset unloadable for training."""
-    new = {r["device_name"] for r in rows if r.get("device_name")} - held
-    if held and new:
-        raise ValueError(f"{out} holds measurements of {', '.join(sorted(held))}, and this GPU "
-                         f"is {', '.join(sorted(new))}: collect into another dataset folder")
-
-
 def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget_s: float = 1e9,
             compile_workers: int | None = None, cache_dir: str | None = None,
             policy: TimingPolicy = TimingPolicy(), stats_path: str | None = None,
@@ -276,7 +267,7 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
                 break
             finished = 0
             for d in ex.poll(timeout=0.2, start=within_budget):
-                _check_device(d.rows, held, out)
+                dataset.check_device(d.rows, held, out)
                 left -= 1
                 finished += len(requests[d.job_id][1])
                 for r in d.rows:
