@@ -30,14 +30,14 @@ def held_out_scores(data: Measurements, X: np.ndarray, method: Method,
                     splits: list[tuple[np.ndarray, np.ndarray]], seed: int = 0,
                     on_fold: Callable[[], object] | None = None,
                     extra: tuple[Measurements, np.ndarray] | None = None,
-                    held_family: str | None = None) -> HeldOut:
+                    family_out: bool = False) -> HeldOut:
     """Out-of-fold scores of ``method`` over the test problems of ``splits`` (problem indices).
 
     Rows of problems in no test set keep a nan score; the metrics cover only tested problems.
     ``on_fold()`` (a bar's ``update``) follows each fold's fit and scoring. ``extra``
     (measurements and their feature rows, another dtype's) joins each fold's fit, less its
-    problems of the test problems' layers and of ``held_family`` (a family held out whole:
-    ``with_extra``); it is never scored.
+    problems of the test problems' layers, and with ``family_out`` (each test set a family held
+    out whole) of their families: ``with_extra``; it is never scored.
     """
     scores = np.full(len(data.time_ms), np.nan)
     for train, test in splits:
@@ -47,7 +47,8 @@ def held_out_scores(data: Measurements, X: np.ndarray, method: Method,
         fit_data, fit_X = data.subset(train), X[tr]
         if extra is not None:
             fit_data, fit_X = with_extra(fit_data, fit_X, extra,
-                                         [data.problems[i] for i in test], held_family)
+                                         [data.problems[i] for i in test],
+                                         set(data.families[test]) if family_out else ())
         method.fit(fit_data, fit_X)
         scores[te] = method.score(data.subset(test), X[te])
         if on_fold:

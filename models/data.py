@@ -236,13 +236,12 @@ def layer_key(p: GemmProblem) -> tuple[int, ...]:
 
 
 def with_extra(data: Measurements, X: np.ndarray, extra: tuple[Measurements, np.ndarray],
-               held_out=(), held_family: str | None = None) -> tuple[Measurements, np.ndarray]:
+               held_out=(), held_families=()) -> tuple[Measurements, np.ndarray]:
     """``data`` and its feature rows, joined by ``extra``'s (measurements, feature rows) less
-    its problems of a layer among ``held_out``'s and of ``held_family``: a fit's training set."""
+    its problems of a layer among ``held_out``'s and of ``held_families``: a fit's training set."""
     other, other_X = extra
     keep = other.unlike(held_out)
-    if held_family is not None:
-        keep = keep[other.families[keep] != held_family]
+    keep = keep[~np.isin(other.families[keep], list(held_families))]
     return data.joined(other.subset(keep)), np.vstack([X, other_X[other.rows_of(keep)]])
 
 

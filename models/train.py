@@ -170,13 +170,16 @@ def train(data: Measurements, options: TrainOptions = TrainOptions(),
                     "dtypes": sorted({p.dtype for p in extra.problems})}
 
     if options.family_out and len(ev.families) > 1:
+        families = data.families
+        lofo = leave_family_out(families)
+        lofo_splits = [(tr, te) for _, tr, te in lofo]
         chosen_method = [x for x in learned if x.name == chosen]
-        for fam, tr, te in leave_family_out(data.families):
-            held = {**_held_out(data, X, chosen_method, [(tr, te)], options.seed,
-                                f"leave {fam} out", aux, fam),
-                    **_held_out(data, X, baselines, [(tr, te)], options.seed, f"leave {fam} out")}
-            for name, h in held.items():
-                ev.lofo_summary.setdefault(name, {})[fam] = summarize(h.problems)
+        held = {**_held_out(data, X, chosen_method, lofo_splits, options.seed,
+                            "leave-family-out", aux, family_out=True),
+                **_held_out(data, X, baselines, lofo_splits, options.seed, "leave-family-out")}
+        for name, h in held.items():
+            ev.lofo_summary[name] = {fam: summarize(h.problems, families == fam)
+                                     for fam, _, _ in lofo}
 
     fit_data, fit_X = (data, X) if aux is None else with_extra(data, X, aux)
     ranker = _final(chosen, options, fit_X, fit_data)
@@ -200,14 +203,14 @@ def train(data: Measurements, options: TrainOptions = TrainOptions(),
 
 
 def _held_out(data: Measurements, X: np.ndarray, methods: list[Method], splits, seed: int,
-              desc: str, extra=None, held_family: str | None = None) -> dict[str, HeldOut]:
+              desc: str, extra=None, family_out: bool = False) -> dict[str, HeldOut]:
     """``held_out_scores`` of each method, a progress bar over their fits (method x fold)."""
     with progress.bar(len(methods) * len(splits), desc, unit="fit") as bar:
         out = {}
         for m in methods:
             bar.set_postfix_str(m.name)
             out[m.name] = held_out_scores(data, X, m, splits, seed, on_fold=bar.update,
-                                          extra=extra, held_family=held_family)
+                                          extra=extra, family_out=family_out)
         return out
 
 

@@ -4,8 +4,8 @@ the fold; its top-1 and fallback decision, the file's from the same model (the g
 ``--heuristics``), and cuBLAS, scored with the measured times.
 
     python scripts/heuristics_heldout.py [--data data/inputs/h200_bf16]
-        [--heuristics cutetune/data/heuristics_sm90_bf16.json.gz] [--objectives regression
-        rank:pairwise] [--also DATASET] [--folds 5] [--seed 0] --out FILE
+        [--heuristics cutetune/data/heuristics_sm90_bf16.json.gz] [--objectives OBJ ...]
+        [--also DATASET] [--folds 5] [--seed 0] --out FILE
 
 --also joins another dtype's dataset to every fit as `cutetune train --also` does (the
 shipped models': bf16's data/inputs/h200_fp16, fp16's data/inputs/h200_bf16), less the held-out
@@ -41,9 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default="data/inputs/h200_bf16")
     ap.add_argument("--heuristics", default=str(default_path("sm90", "bf16")),
                     help="the file whose grid is replayed")
-    ap.add_argument("--objectives", nargs="+", default=["regression", "rank:pairwise"],
-                    help="objectives each fold's training chooses among (default: the time "
-                    "model and the shipped model's ranker)")
+    ap.add_argument("--objectives", nargs="+",
+                    help="objectives each fold's training chooses among (default: the dense "
+                    "kind's, as `cutetune train`)")
     ap.add_argument("--also", metavar="DATASET", default=None,
                     help="another dtype's dataset joining every fit (cutetune train --also)")
     ap.add_argument("--folds", type=int, default=5)
@@ -55,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     data = load_measurements(args.data, "dense")
     extra = load_measurements(args.also, "dense") if args.also else None
     grid = Heuristics.load(args.heuristics).grid
-    options = TrainOptions(folds=args.folds, seed=args.seed, objectives=tuple(args.objectives),
-                           baselines=False, family_out=False, threads=args.threads)
+    options = TrainOptions(folds=args.folds, seed=args.seed,
+                           objectives=tuple(args.objectives) if args.objectives else None,
+                           baselines=False, family_out=False,
+                           threads=args.threads).for_kind("dense")
     splits = data.folds(args.folds, args.seed)
     t0 = time.perf_counter()
     with progress.bar(len(splits), "folds", unit="fold") as bar:
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"command": " ".join(["python scripts/heuristics_heldout.py", *(argv or sys.argv[1:])]),
               "data": args.data, "heuristics": args.heuristics, "grid": grid.to_json(),
               "options": {"folds": args.folds, "seed": args.seed,
-                          "objectives": args.objectives, "also": args.also},
+                          "objectives": list(options.objectives), "also": args.also},
               "targets": TARGETS, "summary": summarize(rep), "seconds": time.perf_counter() - t0,
               "problems": [{"key": k, "model_ms": m, "model_aten": bool(ma), "file_ms": f,
                             "file_aten": bool(fa), "cublas_ms": c, "on_grid": bool(g)}

@@ -778,13 +778,21 @@ def test_a_held_out_family_and_layer_leave_the_joined_data(tmp_path):
     data, extra = load_measurements(tmp_path / "fp16"), load_measurements(tmp_path / "bf16")
     X, extra_X = np.zeros((len(data.time_ms), 2)), np.ones((len(extra.time_ms), 2))
     assert set(extra.families) == {"random"}
-    joined, joined_X = with_extra(data, X, (extra, extra_X), held_family="llama3_8b")
+    joined, joined_X = with_extra(data, X, (extra, extra_X), held_families={"llama3_8b"})
     assert joined.n_problems == data.n_problems + extra.n_problems
     assert len(joined_X) == len(joined.time_ms) and (joined_X[len(X):] == 1).all()
-    alone, alone_X = with_extra(data, X, (extra, extra_X), held_family="random")
+    alone, alone_X = with_extra(data, X, (extra, extra_X), held_families={"random"})
     assert alone is data and len(alone_X) == len(X)
     alone, _ = with_extra(data, X, (extra, extra_X), held_out=extra.problems)
     assert alone is data
+    # held out by family, a fold's fits leave out the joined problems of its test families
+    from cutetune.models.crossval import held_out_scores
+    from cutetune.models.methods import Method
+
+    fits = []
+    method = Method("zero", "", lambda d, X: np.zeros(len(X)), lambda d, X: fits.append(d.problems))
+    held_out_scores(data, X, method, data.folds(3, 0), extra=(extra, extra_X), family_out=True)
+    assert len(fits) == 3 and all(p.dtype == "fp16" for f in fits for p in f)
     options = TrainOptions(folds=3, n_estimators=5, objectives=("regression",), baselines=False,
                            family_out=False)
     with pytest.raises(ValueError, match="another dtype; both hold fp16"):
