@@ -34,7 +34,7 @@ from ..artifacts import read_artifact, sealed_json, write_artifact
 from ..errors import ArtifactError
 from ..space.config import KernelConfig
 from ..space.device import DeviceSpec, device_for
-from ..space.problem import GemmProblem, GroupedProblem, ProblemError
+from ..space.problem import GemmProblem, GroupedProblem, ProblemError, layout_name
 from ..space.rules import family_of, violations
 
 from .fallback import CublasFallback, fallback_inputs
@@ -105,6 +105,13 @@ class CostModel:
         """The kind of problem the model ranks."""
         return kind_named(self.ranker.kind)
 
+    def measured_layout(self, problem: GemmProblem | GroupedProblem) -> bool:
+        """Whether the model was fit on problems of ``problem``'s layout (``layout_name``:
+        the operands' majors, and whether batched). Elsewhere it extrapolates, and predicted
+        mode runs ATen. An older file, which kept no layouts, answers True."""
+        layouts = self.metadata.get("trained_on", {}).get("layouts")
+        return layouts is None or layout_name(problem) in layouts
+
     def _check(self, problem: GemmProblem | GroupedProblem) -> None:
         kind = kind_of(problem)
         if kind is not self.kind:
@@ -171,7 +178,7 @@ class CostModel:
 
     def picks(self, problems) -> list[KernelConfig | None]:
         """Predicted mode's answer for each problem: its top-1 among the valid configs, or None
-        where the fallback prefers ATen; one prediction per booster for them all (a compile
+        where ``prefers_aten``; one prediction per booster for them all (a compile
         asks this for every rung of a dynamic size)."""
         problems = list(problems)
         if not problems:
@@ -190,7 +197,8 @@ class CostModel:
         best = np.array([s + int(np.argmin(score[s:s + len(x)]))
                          for s, (_, _, x) in zip(starts, blocks)])
         best_log_ms = log_ms[best] if log_ms is not None else self.timer.predict(X[best])
-        aten = self.aten_margins(problems, np.exp(best_log_ms)) > 0.0
+        aten = ((self.aten_margins(problems, np.exp(best_log_ms)) > 0.0)
+                | ~np.array([self.measured_layout(p) for p in problems]))
         return [None if a else table.configs[rows[i - s]]
                 for (table, rows, _), s, i, a in zip(blocks, starts, best, aten)]
 
@@ -218,8 +226,10 @@ class CostModel:
         return np.asarray(self.fallback.predict(x), np.float64)
 
     def prefers_aten(self, problem, configs=None, top1_ms: float | None = None) -> bool:
-        """Whether predicted mode should run ATen instead of the model's top-1."""
-        return self.aten_margin(problem, configs, top1_ms) > 0.0
+        """Whether predicted mode should run ATen instead of the model's top-1: where the
+        fallback expects ATen to win, or the model never measured the problem's layout."""
+        return (not self.measured_layout(problem)
+                or self.aten_margin(problem, configs, top1_ms) > 0.0)
 
     def prefers_cublas(self, problem: GemmProblem, configs=None) -> bool:
         """``prefers_aten`` of a dense GEMM (ATen's mm runs cuBLAS): what Inductor's

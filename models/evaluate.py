@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..space.problem import GemmProblem
+from ..space.problem import GemmProblem, layout_name
 
 M_BUCKETS = ((1, 64), (65, 512), (513, 4096), (4097, None))
 # Grouped GEMMs by their routed rows (tokens x top-k): decode steps of a top-8 model up to 128
@@ -177,13 +177,6 @@ def summarize_by_bucket(ps: ProblemScores, buckets=M_BUCKETS,
     for name, mask in bucket_masks(ps.m, buckets, label).items():
         out[name] = summarize(ps, mask)
     return out
-
-
-def layout_name(problem) -> str:
-    """A's and B's majors ("kk" is nn.Linear's forward, "kn" its input gradient, "mn" its
-    weight gradient), with " bmm" after a batched problem's."""
-    return problem.a_major + problem.b_major + (" bmm" if getattr(problem, "batch", 1) > 1
-                                                else "")
 
 
 def layout_masks(problems) -> dict[str, np.ndarray]:

@@ -28,11 +28,12 @@ from typing import Callable
 import numpy as np
 
 from ..space.config import KernelConfig
+from ..space.problem import layout_name
 from ..space.rules import is_valid
 
 from .data import Measurements
 from .dataset import CONFIG_COLUMNS
-from .evaluate import geomean, group_offsets, layout_name, name_masks
+from .evaluate import geomean, group_offsets, name_masks
 from .heuristics import Grid
 
 # Issue #35 §3: the file's top-1 against its model's, and its decision against the oracle of

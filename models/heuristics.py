@@ -171,8 +171,14 @@ class Heuristics:
 
     def lookup(self, problem: GemmProblem) -> tuple[tuple[KernelConfig, ...], bool]:
         """The configs to try for ``problem``, best first, and whether the model prefers
-        cuBLAS for it. HeuristicsError when the file is for another arch or dtype."""
-        return self.exact_pick(problem) or self._pick(self.cells[self.grid.index(problem)])
+        cuBLAS for it. HeuristicsError when the file is for another arch or dtype. A grid of
+        unbatched cells froze no answer for a batched problem: its nearest cell's configs are
+        candidates to benchmark, and cuBLAS is preferred."""
+        exact = self.exact_pick(problem)
+        if exact:
+            return exact
+        configs, aten = self._pick(self.cells[self.grid.index(problem)])
+        return configs, aten or (problem.batch > 1 and max(self.grid.batch) == 1)
 
     def exact_pick(self, problem: GemmProblem) -> Pick | None:
         """``lookup``'s answer where the file has an exact entry for ``problem`` (a recorded

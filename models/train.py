@@ -21,6 +21,7 @@ import numpy as np
 from .. import progress
 from ..artifacts import package_versions
 from ..space.device import device_for
+from ..space.problem import layout_name
 
 from .artifact import CostModel
 from .crossval import HeldOut, held_out_scores, scored
@@ -195,7 +196,8 @@ def train(data: Measurements, options: TrainOptions = TrainOptions(),
     metadata = {
         "objective": ranker.objective, "timer_weight": timer_weight, "trained_on": {
             "problems": data.n_problems, "rows": len(data.time_ms), "device": data.device_name,
-            "families": ev.families, **({"extra": dict(ev.extra)} if ev.extra else {})},
+            "families": ev.families, **({"extra": dict(ev.extra)} if ev.extra else {}),
+            "layouts": sorted({layout_name(p) for p in fit_data.problems})},
         "held_out_cv": ev.cv_summary[chosen]["all"], "cv_folds": options.folds,
         "seed": options.seed, "packages": _versions()}
     return CostModel(arch, dtype, device, ranker, timer, fallback, metadata,

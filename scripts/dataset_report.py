@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from cutetune.models import dataset
-from cutetune.models.evaluate import M_BUCKETS, bucket_name, geomean, layout_name, m_bucket
+from cutetune.models.evaluate import M_BUCKETS, bucket_name, geomean, m_bucket
 from cutetune.space import enumerate_configs
 from cutetune.models.kinds import kind_of
+from cutetune.space.problem import layout_name
 
 
 def main() -> None:

@@ -166,6 +166,13 @@ def problem_from_dict(d: dict) -> GemmProblem | GroupedProblem:
     return GroupedProblem(**d) if "experts" in d else GemmProblem(**d)
 
 
+def layout_name(problem: GemmProblem | GroupedProblem) -> str:
+    """A's and B's majors ("kk" is nn.Linear's forward, "kn" its input gradient, "mn" its
+    weight gradient), with " bmm" after a batched problem's."""
+    return problem.a_major + problem.b_major + (" bmm" if getattr(problem, "batch", 1) > 1
+                                                else "")
+
+
 def grouped_family(gemm: str) -> str:
     """The config family of the grouped GEMM ``gemm``: varlen_m or varlen_k; ProblemError for a
     name not in GROUPED_GEMMS."""

@@ -11,10 +11,9 @@ import pytest
 from cutetune.models.data import Measurements
 from cutetune.models.dataset import CONFIG_COLUMNS
 from cutetune.models.file_heldout import Replay, replay, summarize
-from cutetune.models.evaluate import layout_name
 from cutetune.models.heuristics import Grid
 from cutetune.space.enumerate import enumerate_configs
-from cutetune.space.problem import GemmProblem, GroupedProblem
+from cutetune.space.problem import GemmProblem, GroupedProblem, layout_name
 
 GRID = Grid(m=(16, 256), n=(256,), k=(256,))
 MS = (16, 48, 128, 256)  # cells: 16 (itself), 16, 256, 256 (itself)

@@ -300,7 +300,9 @@ def test_predict_cli_ranks_grouped_problems(trained, tmp_path, capsys):
     model = str(trained[1])
     assert main(GROUPED_ARGS + ["--top-k", "3", "--model", model, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"problem", "ordered_by", "ranked", "prefers_aten", "aten_margin"}
+    assert set(out) == {"problem", "ordered_by", "ranked", "prefers_aten", "aten_margin",
+                        "layout_measured"}
+    assert out["layout_measured"] is True
     assert out["problem"] == GroupedProblem(64, 4096, 2048, 1024).to_dict()
     assert [r["rank"] for r in out["ranked"]] == [1, 2, 3]
     assert isinstance(out["prefers_aten"], bool) and (out["aten_margin"] > 0) == out["prefers_aten"]

@@ -100,6 +100,19 @@ def test_build_lookup_grid_and_exact_entries():
         h.lookup(P(64, 64, 64, dtype="fp16", out_dtype="fp16"))
 
 
+def test_a_grid_of_unbatched_cells_prefers_cublas_for_a_batched_problem():
+    """The nearest cell's configs stay candidates for reduced mode; predicted mode keeps
+    cuBLAS. A measured (exact) batched entry and a grid with batched cells answer as frozen."""
+    exact_p = P(3000, 4096, 4096, batch=8)
+    h = hz.build(FakeModel(), "sm90", "bf16", top_k=2, grid=SMALL, problems=[exact_p])
+    batched = P(64, 4096, 64, batch=8)
+    assert h.lookup(batched) == (h.lookup(P(64, 4096, 64))[0], True)
+    assert h.lookup(exact_p) == (h.lookup(exact_p)[0], False)
+    two = hz.build(FakeModel(), "sm90", "bf16", top_k=2,
+                   grid=Grid(batch=(1, 8), m=(64,), n=(4096,), k=(64,)))
+    assert h.lookup(P(64, 4096, 64))[1] is False and two.lookup(batched)[1] is False
+
+
 def test_save_load_round_trip(tmp_path):
     h = hz.build(FakeModel(), "sm90", "bf16", top_k=3, grid=SMALL, problems=[P(3000, 64, 64)])
     path = h.save(tmp_path / "h.json")

@@ -321,6 +321,34 @@ def test_predict_cli_and_function(trained, tmp_path, capsys):
     assert "sm90_tile_m" in capsys.readouterr().err
 
 
+def test_a_layout_the_model_never_measured_runs_cublas(trained, tmp_path, capsys):
+    """The synthetic data holds only unbatched kk problems: for an mn or a batched problem the
+    model extrapolates, so predicted mode runs cuBLAS whatever the fallback says; the ranking
+    (reduced mode's candidates) is the model's still. An older file keeps no layouts and
+    decides by the fallback alone."""
+    _, path, _ = trained
+    model = load_model(path)
+    assert model.metadata["trained_on"]["layouts"] == ["kk"]
+    kk, mn, bmm = (GemmProblem(2048, 4096, 4096), GemmProblem(2048, 4096, 4096, a_major="m",
+                   b_major="n"), GemmProblem(2048, 4096, 4096, batch=4))
+    assert [model.measured_layout(p) for p in (kk, mn, bmm)] == [True, False, False]
+    assert model.prefers_cublas(mn) and model.prefers_cublas(bmm)
+    assert model.picks([kk, mn, bmm])[1:] == [None, None] and model.rank(bmm, top_k=1)
+    model.metadata["trained_on"].pop("layouts")
+    assert model.measured_layout(bmm)
+    assert model.prefers_cublas(bmm) == (model.aten_margin(bmm) > 0)
+
+    assert main(["predict", "--m", "2048", "--n", "4096", "--k", "4096", "--batch", "4",
+                 "--model", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["layout_measured"] is False and out["prefers_cublas"] is True
+    assert main(["predict", "--m", "2048", "--n", "4096", "--k", "4096", "--batch", "4",
+                 "--model", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "fallback: use cuBLAS" in text
+    assert "no problem of layout 'kk bmm': predicted mode runs cuBLAS" in text
+
+
 @pytest.mark.parametrize("configs, words", [
     ([{"tile_m": 128, "pingpong": "false"}], ["config #0", "pingpong must be true or false"]),
     ([{"tile_m": 128}, {"tile_m": 128.9}], ["config #1", "tile_m must be an integer, got 128.9"]),
@@ -737,6 +765,8 @@ def test_another_dtypes_data_joins_every_fit_but_no_held_out_layer(tmp_path):
     assert ev.extra == {"problems": extra.n_problems, "rows": len(extra.time_ms),
                         "dtypes": ["bf16"]}
     assert model.dtype == "fp16" and model.metadata["trained_on"]["extra"] == ev.extra
+    # what the final fit saw, the joined data's layouts with it
+    assert model.metadata["trained_on"]["layouts"] == ["kk", "kn", "mn"]
     assert ev.problems == data.n_problems
 
 

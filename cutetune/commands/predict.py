@@ -11,7 +11,7 @@ from ..errors import UserError
 from ..models.artifact import ModelError, load_model
 from ..models.kinds import kind_of
 from ..models.predict import read_configs
-from ..space.problem import GROUPED_GEMMS, GemmProblem, GroupedProblem
+from ..space.problem import GROUPED_GEMMS, GemmProblem, GroupedProblem, layout_name
 
 DENSE_ONLY = {"batch": 1, "a_major": "k", "b_major": "k"}  # option -> its default
 
@@ -46,6 +46,8 @@ def _run(args: argparse.Namespace) -> int:
         margin = model.aten_margin(problem, configs)
     except ModelError:
         margin = None  # a model trained without ATen timings has no fallback
+    measured = model.measured_layout(problem)
+    prefers = None if margin is None else margin > 0 or not measured  # as prefers_aten
     # the baseline's name in the JSON keys: cublas (torch.mm) for dense GEMMs, aten
     # (torch._grouped_mm) for grouped ones
     base = kind.baseline_backend
@@ -55,8 +57,8 @@ def _run(args: argparse.Namespace) -> int:
             "ranked": [{"rank": i + 1, "config": c.to_dict(), "config_key": c.short(),
                         "score": score, "predicted_ms": ms}
                        for i, (c, score, ms) in enumerate(ranked)],
-            f"prefers_{base}": None if margin is None else margin > 0,
-            f"{base}_margin": margin}, indent=1))
+            f"prefers_{base}": prefers, f"{base}_margin": margin,
+            "layout_measured": measured}, indent=1))
         return 0
     print(f"{problem.key()}  ({problem.flops / 1e9:.3g} GFLOP)")
     # The rank is the ranker's; with a ranking objective the time model, a second model,
@@ -71,8 +73,11 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{i + 1:>4}  {c.short():<32} {score:>8.3f} {ms:>10.4f} "
               f"{problem.flops / ms / 1e9:>8.1f}")
     if margin is not None:
-        verdict = f"use {kind.baseline}" if margin > 0 else "use the top-1 config"
+        verdict = f"use {kind.baseline}" if prefers else "use the top-1 config"
         print(f"fallback: {verdict} (margin {margin:+.3f}: > 0 runs {kind.baseline})")
+    if not measured:
+        print(f"the model's data has no problem of layout {layout_name(problem)!r}: predicted "
+              f"mode runs {kind.baseline}")
     return 0
 
 
