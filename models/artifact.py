@@ -106,9 +106,10 @@ class CostModel:
         return kind_named(self.ranker.kind)
 
     def measured_layout(self, problem: GemmProblem | GroupedProblem) -> bool:
-        """Whether the model was fit on problems of ``problem``'s layout (``layout_name``:
-        the operands' majors, and whether batched). Elsewhere it extrapolates, and predicted
-        mode runs ATen. An older file, which kept no layouts, answers True."""
+        """Whether the model's dataset measured problems of ``problem``'s layout
+        (``layout_name``: the operands' majors, and whether batched). Elsewhere its fallback
+        extrapolates, and predicted mode runs ATen. An older file, which kept no layouts,
+        answers True."""
         layouts = self.metadata.get("trained_on", {}).get("layouts")
         return layouts is None or layout_name(problem) in layouts
 
@@ -197,8 +198,7 @@ class CostModel:
         best = np.array([s + int(np.argmin(score[s:s + len(x)]))
                          for s, (_, _, x) in zip(starts, blocks)])
         best_log_ms = log_ms[best] if log_ms is not None else self.timer.predict(X[best])
-        aten = ((self.aten_margins(problems, np.exp(best_log_ms)) > 0.0)
-                | ~np.array([self.measured_layout(p) for p in problems]))
+        aten = self._prefers_aten(problems, np.exp(best_log_ms))
         return [None if a else table.configs[rows[i - s]]
                 for (table, rows, _), s, i, a in zip(blocks, starts, best, aten)]
 
@@ -227,9 +227,16 @@ class CostModel:
 
     def prefers_aten(self, problem, configs=None, top1_ms: float | None = None) -> bool:
         """Whether predicted mode should run ATen instead of the model's top-1: where the
-        fallback expects ATen to win, or the model never measured the problem's layout."""
-        return (not self.measured_layout(problem)
-                or self.aten_margin(problem, configs, top1_ms) > 0.0)
+        fallback expects ATen to win, or the model's dataset never measured the problem's
+        layout."""
+        if top1_ms is None:
+            (_, top1_ms), = self.rank(problem, configs, top_k=1)
+        return bool(self._prefers_aten([problem], [top1_ms])[0])
+
+    def _prefers_aten(self, problems, top1_ms) -> np.ndarray:
+        """``prefers_aten`` of each problem given its top-1's predicted ms."""
+        return ((self.aten_margins(problems, top1_ms) > 0.0)
+                | ~np.array([self.measured_layout(p) for p in problems]))
 
     def prefers_cublas(self, problem: GemmProblem, configs=None) -> bool:
         """``prefers_aten`` of a dense GEMM (ATen's mm runs cuBLAS): what Inductor's

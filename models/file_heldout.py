@@ -54,7 +54,7 @@ class Replay:
     file_aten: np.ndarray
     cublas_ms: np.ndarray
     on_grid: np.ndarray  # the problem is its own cell: the file answers as the model does
-    layouts: tuple[str, ...]  # evaluate.layout_name of each problem
+    layouts: tuple[str, ...]  # space.problem.layout_name of each problem
 
     def decision_ms(self, source: str) -> np.ndarray:
         """Measured ms of what predicted mode runs with ``source`` ("model" or "file")."""

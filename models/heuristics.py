@@ -7,7 +7,8 @@ exact entries for recorded problems (the shapes we know users run), taken from t
 measurements where a dataset has them (``measured_picks``). ``lookup`` returns the
 exact entry when there is one, else the grid cell nearest in log space: a cell's configs are
 the model's picks for the cell's own shape, which is why the grid is log-spaced (tile and wave
-effects change with ratios, not differences).
+effects change with ratios, not differences). A grid without batched cells answers a batched
+problem with cuBLAS preferred: it froze nothing for one.
 
 A file may also hold the SwiGLU fusions measured on the GPU (``--swiglu-bench``): per
 measured up projection, the fused config that ran it fastest where that beat the unfused

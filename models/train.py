@@ -197,7 +197,9 @@ def train(data: Measurements, options: TrainOptions = TrainOptions(),
         "objective": ranker.objective, "timer_weight": timer_weight, "trained_on": {
             "problems": data.n_problems, "rows": len(data.time_ms), "device": data.device_name,
             "families": ev.families, **({"extra": dict(ev.extra)} if ev.extra else {}),
-            "layouts": sorted({layout_name(p) for p in fit_data.problems})},
+            # the layouts its own dataset measured: those its fallback and its held-out figures
+            # saw (a joined dtype lends the ranker more; CostModel.measured_layout)
+            "layouts": sorted({layout_name(p) for p in data.problems})},
         "held_out_cv": ev.cv_summary[chosen]["all"], "cv_folds": options.folds,
         "seed": options.seed, "packages": _versions()}
     return CostModel(arch, dtype, device, ranker, timer, fallback, metadata,

@@ -168,7 +168,8 @@ def problem_from_dict(d: dict) -> GemmProblem | GroupedProblem:
 
 def layout_name(problem: GemmProblem | GroupedProblem) -> str:
     """A's and B's majors ("kk" is nn.Linear's forward, "kn" its input gradient, "mn" its
-    weight gradient), with " bmm" after a batched problem's."""
+    weight gradient), with " bmm" after a batched problem's; a grouped problem's follow its
+    GEMM (fwd kk, dgrad kn, wgrad mn)."""
     return problem.a_major + problem.b_major + (" bmm" if getattr(problem, "batch", 1) > 1
                                                 else "")
 

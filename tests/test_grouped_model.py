@@ -303,6 +303,7 @@ def test_predict_cli_ranks_grouped_problems(trained, tmp_path, capsys):
     assert set(out) == {"problem", "ordered_by", "ranked", "prefers_aten", "aten_margin",
                         "layout_measured"}
     assert out["layout_measured"] is True
+    assert load_model(model, kind="grouped").metadata["trained_on"]["layouts"] == ["kk", "kn", "mn"]
     assert out["problem"] == GroupedProblem(64, 4096, 2048, 1024).to_dict()
     assert [r["rank"] for r in out["ranked"]] == [1, 2, 3]
     assert isinstance(out["prefers_aten"], bool) and (out["aten_margin"] > 0) == out["prefers_aten"]

@@ -102,7 +102,7 @@ def test_build_lookup_grid_and_exact_entries():
 
 def test_a_grid_of_unbatched_cells_prefers_cublas_for_a_batched_problem():
     """The nearest cell's configs stay candidates for reduced mode; predicted mode keeps
-    cuBLAS. A measured (exact) batched entry and a grid with batched cells answer as frozen."""
+    cuBLAS. A recorded (exact) batched entry and a grid with batched cells answer as frozen."""
     exact_p = P(3000, 4096, 4096, batch=8)
     h = hz.build(FakeModel(), "sm90", "bf16", top_k=2, grid=SMALL, problems=[exact_p])
     batched = P(64, 4096, 64, batch=8)
@@ -265,6 +265,10 @@ def test_the_shipped_predicted_source_ranks_unrecorded_shapes_with_the_shipped_m
     recorded = [GemmProblem.from_key(k) for k in shipped.exact]
     assert [source.lookup(p) for p in recorded] == [shipped.exact_pick(p) for p in recorded]
     assert any(shipped.exact_pick(p) != model.lookup(p) for p in recorded)
+    # the shipped models measured no batched GEMM: a bmm keeps cuBLAS, its ranking kept
+    bmm = P(4096, 4096, 128, batch=8)
+    configs, aten = source.lookup(bmm)
+    assert aten and configs and not load_model().measured_layout(bmm)
 
 
 def test_cli_emit(tmp_path, monkeypatch):

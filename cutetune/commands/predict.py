@@ -47,7 +47,7 @@ def _run(args: argparse.Namespace) -> int:
     except ModelError:
         margin = None  # a model trained without ATen timings has no fallback
     measured = model.measured_layout(problem)
-    prefers = None if margin is None else margin > 0 or not measured  # as prefers_aten
+    prefers = None if margin is None else model.prefers_aten(problem, configs)
     # the baseline's name in the JSON keys: cublas (torch.mm) for dense GEMMs, aten
     # (torch._grouped_mm) for grouped ones
     base = kind.baseline_backend
@@ -73,7 +73,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{i + 1:>4}  {c.short():<32} {score:>8.3f} {ms:>10.4f} "
               f"{problem.flops / ms / 1e9:>8.1f}")
     if margin is not None:
-        verdict = f"use {kind.baseline}" if prefers else "use the top-1 config"
+        verdict = f"use {kind.baseline}" if margin > 0 else "use the top-1 config"
         print(f"fallback: {verdict} (margin {margin:+.3f}: > 0 runs {kind.baseline})")
     if not measured:
         print(f"the model's data has no problem of layout {layout_name(problem)!r}: predicted "
