@@ -42,12 +42,13 @@ def _run(args: argparse.Namespace) -> int:
     configs = read_configs(args.configs, problem.arch) if args.configs else None
     ranked = model.scored(problem, configs, args.top_k)
     one_model = model.timer is model.ranker
+    top1_ms = ranked[0][2]  # the fallback judges the top-1: no second ranking of the space
     try:
-        margin = model.aten_margin(problem, configs)
+        margin = model.aten_margin(problem, configs, top1_ms)
     except ModelError:
         margin = None  # a model trained without ATen timings has no fallback
     measured = model.measured_layout(problem)
-    prefers = None if margin is None else model.prefers_aten(problem, configs)
+    prefers = None if margin is None else model.prefers_aten(problem, configs, top1_ms)
     # the baseline's name in the JSON keys: cublas (torch.mm) for dense GEMMs, aten
     # (torch._grouped_mm) for grouped ones
     base = kind.baseline_backend

@@ -39,10 +39,10 @@ RAGGED_RUNGS = tuple(2 ** i for i in range(21))
 class Picker:
     """The grouped cost model's pick per problem: its top-1 config, or None where its ATen
     fallback expects torch._grouped_mm to win, its dataset never measured the problem's GEMM
-    (``CostModel.prefers_aten``), or there is no model for the problem's arch/dtype. ``model``: a CostModel, a model file, or None for $CUTETUNE_GROUPED_MODEL,
-    else the shipped one (``settings.grouped_model``), read once, at the first pick or digest,
-    so that a compile's cache key names the model its picks come from (``set_model`` for
-    another). Picks are kept; models load on first use, and not at all where the model file
+    (``CostModel.prefers_aten``), or there is no model for the problem's arch/dtype.
+    ``model``: a CostModel, a model file, or None for $CUTETUNE_GROUPED_MODEL, else the
+    shipped one (``settings.grouped_model``), read once, at the first pick or digest, so that a
+    compile's cache key names the model its picks come from (``set_model`` for another). Picks are kept; models load on first use, and not at all where the model file
     keeps the picks asked for (``CostModel.with_picks``)."""
 
     def __init__(self, model=None) -> None:
