@@ -6,7 +6,8 @@
 #   exhaustive  every valid config on 40 problems   -> dataset, until the deadline
 #   repeat      a fixed set measured again          -> second dataset (timing-noise report)
 #   layouts     the train suite's layers' GEMMs in the kn, mk and mn layouts (kn their input
-#               gradients, mn their weight gradients), sampled configs -> dataset h200_bf16
+#               gradients, mn their weight gradients; $LAYOUTS, say kk, for others), sampled
+#               configs -> dataset h200_bf16
 #               (each data stage runs until the deadline: one a call; layouts, bmm and fp16
 #               draw each problem's 150 from 300 kernels per layout and dtype, sample:150@300,
 #               so that a fresh machine compiles about 880 kernels, not 3500, before the GPU
@@ -45,7 +46,9 @@
 #                  call's, copied there), so that the M grid can span calls; the Ms in
 #                  $CG_RERUN (say "1") are timed again
 # Data and quack's kernel cache live under /tmp so they survive between calls on one warm
-# machine; each stage ends by packing the dataset into $OUT.
+# machine; each stage ends by packing the dataset into $OUT. The dense stages write the GPU's
+# own datasets: on an H100 h100_bf16 and h100_fp16 in place of h200_*, resumed from
+# data/bench/ (a model learns one device's times: docs/results.md).
 set -uo pipefail
 DEADLINE=$(( $(date +%s) + ${CUTETUNE_CALL_S:-560} ))
 ROOT=${CUTETUNE_DATA:-/tmp/cutetune-data}
@@ -54,11 +57,13 @@ mkdir -p "$ROOT" "$QUACK_CACHE_DIR" "$OUT"
 left() { echo $(( DEADLINE - $(date +%s) - ${1:-40} )); }
 pack() { tar -C "$ROOT" -czf "$OUT/datasets.tgz" . ; ls -la "$OUT"; }
 # Resume from the committed dataset when this machine has none yet.
-SHIPPED=data/inputs/h200_bf16
-case " $* " in *" train "*|*" exhaustive "*|*" repeat "*|*" layouts"*|*" bmm "*)
-  [ -d "$ROOT/h200_bf16" ] || { [ -d $SHIPPED ] && cp -r $SHIPPED "$ROOT/"; } ;; esac
-case " $* " in *" fp16"*)
-  [ -d "$ROOT/h200_fp16" ] || { [ -d data/inputs/h200_fp16 ] && cp -r data/inputs/h200_fp16 "$ROOT/"; } ;; esac
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -oE '[HB][0-9]+' | head -n 1 | tr HB hb)
+BF16=${GPU:-h200}_bf16 FP16=${GPU:-h200}_fp16
+# Resume from the committed dataset when this machine has none yet.
+resume() { [ -d "$ROOT/$1" ] && return; for d in data/inputs/$1 data/bench/$1; do
+  [ -d "$d" ] && { cp -r "$d" "$ROOT/"; return; }; done; }
+case " $* " in *" train "*|*" exhaustive "*|*" repeat "*|*" layouts"*|*" bmm "*) resume $BF16 ;; esac
+case " $* " in *" fp16"*) resume $FP16 ;; esac
 PLAN=/tmp/grouped-plan
 # the grouped dataset, resumed from the committed one where this machine has none yet
 grouped_data() { [ -d "$ROOT/h200_bf16_grouped" ] || cp -r data/inputs/h200_bf16_grouped "$ROOT/"; }
@@ -77,25 +82,25 @@ for stage in "$@"; do
       python -m pytest -m gpu ${GPU_TESTS:-tests/test_gpu_harness.py} -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" \
         || { echo "GPU tests failed: stopping before collection"; exit 1; } ;;
     train)
-      python -m cutetune collect --problems train --configs sample:150 --out "$ROOT/h200_bf16" \
+      python -m cutetune collect --problems train --configs sample:150 --out "$ROOT/$BF16" \
         --time-budget "$(left $AFTER_TRAIN)" --stats "$OUT/collect_train_stats.json" 2>&1 | tail -n 30 ;;
     layouts)
-      python -m cutetune collect --problems train --layouts kn,mk,mn --configs sample:150@300 \
-        --out "$ROOT/h200_bf16" --time-budget "$(left 30)" --stats "$OUT/collect_layouts_stats.json" 2>&1 | tail -n 5 ;;
+      python -m cutetune collect --problems train --layouts "${LAYOUTS:-kn,mk,mn}" --configs sample:150@300 \
+        --out "$ROOT/$BF16" --time-budget "$(left 30)" --stats "$OUT/collect_layouts_stats.json" 2>&1 | tail -n 5 ;;
     layouts_exhaustive)
       python -m cutetune collect --problems exhaustive --layouts "${EXH_LAYOUTS:-kn,mk,mn}" --configs all --target-ms 1 \
-        --out "$ROOT/h200_bf16" --time-budget "$(left 30)" --stats "$OUT/collect_layouts_exh_stats.json" 2>&1 | tail -n 5 ;;
+        --out "$ROOT/$BF16" --time-budget "$(left 30)" --stats "$OUT/collect_layouts_exh_stats.json" 2>&1 | tail -n 5 ;;
     bmm)
       python -m cutetune collect --problems bmm --configs sample:150@300 \
-        --out "$ROOT/h200_bf16" --time-budget "$(left 30)" --stats "$OUT/collect_bmm_stats.json" 2>&1 | tail -n 5 ;;
+        --out "$ROOT/$BF16" --time-budget "$(left 30)" --stats "$OUT/collect_bmm_stats.json" 2>&1 | tail -n 5 ;;
     fp16)
       python -m cutetune collect --problems train --dtype fp16 --configs sample:150@300 \
-        --out "$ROOT/h200_fp16" --time-budget "$(left 30)" --stats "$OUT/collect_fp16_stats.json" 2>&1 | tail -n 5 ;;
+        --out "$ROOT/$FP16" --time-budget "$(left 30)" --stats "$OUT/collect_fp16_stats.json" 2>&1 | tail -n 5 ;;
     fp16_layouts)
       python -m cutetune collect --problems train --dtype fp16 --layouts kn,mk,mn --configs sample:150@300 \
-        --out "$ROOT/h200_fp16" --time-budget "$(left 30)" --stats "$OUT/collect_fp16_layouts_stats.json" 2>&1 | tail -n 5 ;;
+        --out "$ROOT/$FP16" --time-budget "$(left 30)" --stats "$OUT/collect_fp16_layouts_stats.json" 2>&1 | tail -n 5 ;;
     exhaustive)
-      python -m cutetune collect --problems exhaustive --configs all --target-ms 1 --out "$ROOT/h200_bf16" \
+      python -m cutetune collect --problems exhaustive --configs all --target-ms 1 --out "$ROOT/$BF16" \
         --time-budget "$(left 90)" --stats "$OUT/collect_exhaustive_stats.json" 2>&1 | tail -n 30 ;;
     gpu_tests)
       python -m pytest -m gpu tests -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_all.log" | tail -n 15 ;;
@@ -132,7 +137,6 @@ for stage in "$@"; do
       python scripts/compile_time_ab.py --repeats 2 --variants helper quack_pool \
         --out "$OUT/compile_time_ab_h200.json" 2>&1 | tail -n 15 ;;
     train_step)
-      GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -oE '[HB][0-9]+' | head -n 1 | tr HB hb)
       python scripts/bench_train_step.py --out "$OUT/train_step_${GPU:-gpu}.json.gz" 2>&1 | tail -n 60 ;;
     cudagraphs)
       CG=data/bench/cudagraphs_small_m_h200.json.gz
