@@ -7,7 +7,7 @@
 #   repeat      a fixed set measured again          -> second dataset (timing-noise report)
 #   layouts     the train suite's layers' GEMMs in the kn, mk and mn layouts (kn their input
 #               gradients, mn their weight gradients; $LAYOUTS, say kk, for others), sampled
-#               configs -> dataset h200_bf16
+#               configs -> dataset h200_bf16 (each dense stage: h100_* on an H100, below)
 #               (each data stage runs until the deadline: one a call; layouts, bmm and fp16
 #               draw each problem's 150 from 300 kernels per layout and dtype, sample:150@300,
 #               so that a fresh machine compiles about 880 kernels, not 3500, before the GPU
@@ -56,13 +56,13 @@ export QUACK_CACHE_DIR=/tmp/quack-cache PYTHONUNBUFFERED=1
 mkdir -p "$ROOT" "$QUACK_CACHE_DIR" "$OUT"
 left() { echo $(( DEADLINE - $(date +%s) - ${1:-40} )); }
 pack() { tar -C "$ROOT" -czf "$OUT/datasets.tgz" . ; ls -la "$OUT"; }
-# Resume from the committed dataset when this machine has none yet.
+# h200 or h100 (B200: b200): the dense datasets' prefix
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -oE '[HB][0-9]+' | head -n 1 | tr HB hb)
 BF16=${GPU:-h200}_bf16 FP16=${GPU:-h200}_fp16
 # Resume from the committed dataset when this machine has none yet.
 resume() { [ -d "$ROOT/$1" ] && return; for d in data/inputs/$1 data/bench/$1; do
   [ -d "$d" ] && { cp -r "$d" "$ROOT/"; return; }; done; }
-case " $* " in *" train "*|*" exhaustive "*|*" repeat "*|*" layouts"*|*" bmm "*) resume $BF16 ;; esac
+case " $* " in *" train "*|*" exhaustive "*|*" layouts"*|*" bmm "*) resume $BF16 ;; esac
 case " $* " in *" fp16"*) resume $FP16 ;; esac
 PLAN=/tmp/grouped-plan
 # the grouped dataset, resumed from the committed one where this machine has none yet
@@ -145,7 +145,7 @@ for stage in "$@"; do
         $([ -n "${CG_RERUN:-}" ] && echo --rerun $CG_RERUN) 2>&1 | tail -n 30 ;;
     repeat)
       python -m cutetune collect --problems train --configs sample:20 --limit-problems 30 \
-        --out "$ROOT/h200_bf16_repeat" --time-budget "$(left 30)" \
+        --out "$ROOT/${BF16}_repeat" --time-budget "$(left 30)" \
         --stats "$OUT/collect_repeat_stats.json" 2>&1 | tail -n 5 ;;
   esac
   pack > /dev/null
