@@ -213,9 +213,13 @@ class CostModel:
         valid space), ATen being the kind's baseline (cuBLAS, or torch._grouped_mm): below 0
         means the model is that confident its pick beats ATen. ``top1_ms``: the top-1's
         predicted ms, where the caller has ranked already."""
+        return float(self.aten_margins([problem], [self._top1_ms(problem, configs, top1_ms)])[0])
+
+    def _top1_ms(self, problem, configs, top1_ms: float | None) -> float:
+        """``top1_ms``, or where the caller has not ranked, the top-1's predicted ms."""
         if top1_ms is None:
             (_, top1_ms), = self.rank(problem, configs, top_k=1)
-        return float(self.aten_margins([problem], [top1_ms])[0])
+        return top1_ms
 
     def aten_margins(self, problems, top1_ms) -> np.ndarray:
         """``aten_margin`` of each problem given its top-1's predicted ms, in one prediction."""
@@ -229,9 +233,7 @@ class CostModel:
         """Whether predicted mode should run ATen instead of the model's top-1: where the
         fallback expects ATen to win, or the model's dataset never measured the problem's
         layout."""
-        if top1_ms is None:
-            (_, top1_ms), = self.rank(problem, configs, top_k=1)
-        return bool(self._prefers_aten([problem], [top1_ms])[0])
+        return bool(self._prefers_aten([problem], [self._top1_ms(problem, configs, top1_ms)])[0])
 
     def _prefers_aten(self, problems, top1_ms) -> np.ndarray:
         """``prefers_aten`` of each problem given its top-1's predicted ms."""

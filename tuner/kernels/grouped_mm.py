@@ -42,8 +42,9 @@ class Picker:
     (``CostModel.prefers_aten``), or there is no model for the problem's arch/dtype.
     ``model``: a CostModel, a model file, or None for $CUTETUNE_GROUPED_MODEL, else the
     shipped one (``settings.grouped_model``), read once, at the first pick or digest, so that a
-    compile's cache key names the model its picks come from (``set_model`` for another). Picks are kept; models load on first use, and not at all where the model file
-    keeps the picks asked for (``CostModel.with_picks``)."""
+    compile's cache key names the model its picks come from (``set_model`` for another). Picks
+    are kept; models load on first use, and not at all where the model file keeps the picks
+    asked for (``CostModel.with_picks``)."""
 
     def __init__(self, model=None) -> None:
         self.model = model
