@@ -53,10 +53,17 @@ class ModelError(ArtifactError):
     """A model file that cannot be used: missing, corrupt, or made for something else."""
 
 
-def shipped_model_path(arch: str = "sm90", dtype: str = "bf16", kind: str = "dense") -> Path:
-    """Where the packaged model of ``kind`` problems on ``arch``/``dtype`` is (or would be)."""
+def shipped_model_path(arch: str = "sm90", dtype: str = "bf16", kind: str = "dense",
+                       device: str | None = None) -> Path:
+    """Where the packaged model of ``kind`` problems on ``arch``/``dtype`` is (or would be):
+    ``device``'s own where it was measured apart and has one (``heuristics.device_folder``),
+    else the arch's."""
+    from .heuristics import device_folder
+
     name = settings.model_file_name(arch, dtype, kind_named(kind).name)
-    return Path(str(resources.files("cutetune") / "data" / name))
+    data = Path(str(resources.files("cutetune") / "data"))
+    own = device_folder(data, device)
+    return own / name if own is not None and (own / name).is_file() else data / name
 
 
 @dataclass

@@ -345,6 +345,19 @@ def model_path(folder: Path, arch: str, dtype: str) -> Path:
     return Path(folder) / settings.model_file_name(arch, dtype)
 
 
+def device_folder(folder: str | os.PathLike, device: str | None) -> Path | None:
+    """The subfolder of ``folder`` (packaged artifacts) holding those measured on ``device``
+    (a name ``device_for`` knows, torch's included: cutetune/data/h100_sxm/ for an H100
+    SXM), or None where it has none: the arch's own then serve it."""
+    from ..space.device import device_for
+
+    try:
+        sub = Path(folder) / device_for(device).name.lower() if device else None
+    except ValueError:  # a device we have no spec for
+        return None
+    return sub if sub is not None and sub.is_dir() else None
+
+
 class PackagedHeuristics:
     """The heuristics shipped in cutetune/data, one file per (arch, dtype), each loaded on
     first use; HeuristicsError from ``lookup`` for a pair that has no file.
@@ -353,11 +366,19 @@ class PackagedHeuristics:
     beside the file (``model_path``; with ``models``), asked at compile time: on held-out
     problems the grid cell's frozen answer loses to the model's own (docs/design.md).
     Without a model for the pair, or one that does not load, the file's grid answers. The
-    file keeps everything else: exact entries, the Triton table, SwiGLU fusions, GPU times."""
+    file keeps everything else: exact entries, the Triton table, SwiGLU fusions, GPU times.
 
-    def __init__(self, folder: Path | None = None, models: bool = True) -> None:
+    The folder's files are the arch's (measured on its device, ``device_for(arch)``). A
+    device measured apart has a subfolder of its own (``device_folder``) with a file and a
+    model per pair it measured: on that device (``device``: its name, or a callable giving
+    it, asked at the first ``lookup``, when a compile has the GPU in hand) they answer
+    ``lookup``, which config or cuBLAS, since configs rank differently on another Hopper
+    (docs/results.md); the arch's file keeps the tables measured only on its device."""
+
+    def __init__(self, folder: Path | None = None, models: bool = True,
+                 device: str | Callable[[], str | None] | None = None) -> None:
         folder = DATA_DIR if folder is None else Path(folder)
-        self.paths = {}
+        self.folder, self.paths = folder, {}
         for path in sorted(folder.glob("heuristics_*_*.json*")):  # .json, or .json.gz
             _, arch, dtype = path.name.split(".json")[0].split("_", 2)
             self.paths[(arch, dtype)] = path
@@ -367,13 +388,33 @@ class PackagedHeuristics:
                 f"MODEL --out {default_path('sm90', 'bf16')}` or pass model=PATH")
         self.model_paths = {pair: model_path(folder, *pair) for pair in self.paths
                             if models and model_path(folder, *pair).is_file()}
-        self.digest = _digest("".join(_digest(p.read_bytes()) for p in
-                                      [*self.paths.values(), *self.model_paths.values()])
-                              .encode())
+        self.devices = {sub.name: PackagedHeuristics(sub, models)
+                        for sub in sorted(folder.iterdir())
+                        if sub.is_dir() and any(sub.glob("heuristics_*_*.json*"))}
+        self.digest = _digest("".join(
+            [_digest(p.read_bytes()) for p in [*self.paths.values(), *self.model_paths.values()]]
+            + [name + h.digest for name, h in self.devices.items()]).encode())
+        self._device = device
         self._loaded: dict[tuple[str, str], Heuristics] = {}
         self._models: dict[tuple[str, str], ModelHeuristics | None] = {}
 
+    @cached_property
+    def _own(self) -> "PackagedHeuristics | None":
+        """The running device's own heuristics (``device_folder``), None where it has none
+        or its name cannot be had (the arch's files answer then, as they did before)."""
+        try:
+            device = self._device() if callable(self._device) else self._device
+        except Exception as e:  # noqa: BLE001  (a CUDA error here must not fail a compile)
+            log.warning("cutetune: the GPU's name is not known (%s); the arch's heuristics "
+                        "answer", e)
+            device = None
+        sub = device_folder(self.folder, device)
+        return self.devices.get(sub.name) if sub is not None else None
+
     def lookup(self, problem: GemmProblem) -> tuple[tuple[KernelConfig, ...], bool]:
+        own = self._own
+        if own is not None and (problem.arch, problem.dtype) in own.paths:
+            return own.lookup(problem)
         file = self._file(problem)  # an exact entry answers before the model is loaded
         return file.exact_pick(problem) or (self._model(problem) or file).lookup(problem)
 

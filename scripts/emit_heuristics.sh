@@ -3,14 +3,18 @@
 # model and the inputs under data/inputs/: the measured dataset, Inductor's Triton sweep and its
 # retimes, the step reports whose host times the launch costs hedge over, and the SwiGLU
 # benchmarks. Then the fp16 file (heuristics_sm90_fp16.json.gz, OUT16) from the fp16 model and
-# dataset alone: nothing Triton or SwiGLU was measured in fp16. data/inputs/ holds exactly what
-# this script and scripts/train_cost_model.py read (tests/test_data_layout.py checks it). Any
-# CPU host (about 8 min on 2 cores); OUT defaults to the shipped file, OUT16 to its folder's.
+# dataset alone: nothing Triton or SwiGLU was measured in fp16. Then the H100's own bf16 file
+# (h100_sxm/heuristics_sm90_bf16.json.gz, OUT100) from its model and dataset: on an H100 it
+# answers which config or cuBLAS, the H200 file the rest (PackagedHeuristics). data/inputs/
+# holds exactly what this script and scripts/train_cost_model.py read
+# (tests/test_data_layout.py checks it). Any CPU host (about 10 min on 2 cores); OUT defaults
+# to the shipped file, OUT16 and OUT100 to its folder's.
 # docs/reproduce.md lists what made each input.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-cutetune/data/heuristics_sm90_bf16.json.gz}
 OUT16=${2:-$(dirname "$OUT")/heuristics_sm90_fp16.json.gz}
+OUT100=${3:-$(dirname "$OUT")/h100_sxm/heuristics_sm90_bf16.json.gz}
 I=data/inputs
 S=$I/steps
 cutetune emit --model cutetune/data/cost_model_sm90_bf16.json.gz --dataset $I/h200_bf16 \
@@ -30,3 +34,5 @@ cutetune emit --model cutetune/data/cost_model_sm90_bf16.json.gz --dataset $I/h2
   --out "$OUT"
 cutetune emit --model cutetune/data/cost_model_sm90_fp16.json.gz --dtype fp16 --dataset $I/h200_fp16 \
   --out "$OUT16"
+cutetune emit --model cutetune/data/h100_sxm/cost_model_sm90_bf16.json.gz --dataset $I/h100_bf16 \
+  --out "$OUT100"

@@ -47,9 +47,9 @@
 #                  $CG_RERUN (say "1") are timed again
 # Data and quack's kernel cache live under /tmp so they survive between calls on one warm
 # machine; each stage ends by packing the dataset into $OUT. The dense stages write the GPU's
-# own datasets: on an H100 h100_bf16 and h100_fp16 in place of h200_*, resumed from
-# data/bench/ where the checkout has them (a model learns one device's times: docs/results.md;
-# s34's H100 data: git restore --source=9002d00 -- data/bench/h100_bf16).
+# own datasets: on an H100 h100_bf16 and h100_fp16 in place of h200_*, resumed from the
+# checkout's data/inputs/ (or data/bench/) copy (a model learns one device's times: the H100
+# has models of its own, docs/results.md).
 set -uo pipefail
 DEADLINE=$(( $(date +%s) + ${CUTETUNE_CALL_S:-560} ))
 ROOT=${CUTETUNE_DATA:-/tmp/cutetune-data}

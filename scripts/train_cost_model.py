@@ -1,6 +1,6 @@
-"""Train a shipped cost model on its measured H200 dataset and write its report.
+"""Train a shipped cost model on its measured dataset and write its report.
 
-    python scripts/train_cost_model.py [--shipped dense|fp16|grouped] [DATASET] [--out FILE]
+    python scripts/train_cost_model.py [--shipped dense|fp16|h100|grouped] [DATASET] [--out FILE]
         [--report DIR] [train options]
     python scripts/train_cost_model.py --shipped grouped --picks-only [--out FILE]
 
@@ -8,7 +8,10 @@ Defaults per shipped model (``SHIPPED``): dense, data/inputs/h200_bf16, its fits
 data/inputs/h200_fp16 (--also) -> cutetune/data/cost_model_sm90_bf16.json.gz and
 data/reports/model_h200_bf16/; fp16 (dense),
 data/inputs/h200_fp16, its fits joined by data/inputs/h200_bf16 (--also) ->
-cutetune/data/cost_model_sm90_fp16.json.gz and data/reports/model_h200_fp16/; grouped (MoE
+cutetune/data/cost_model_sm90_fp16.json.gz and data/reports/model_h200_fp16/; h100 (dense, the
+H100's own: configs rank differently there), data/inputs/h100_bf16 joined by
+data/inputs/h100_fp16 -> cutetune/data/h100_sxm/cost_model_sm90_bf16.json.gz and
+data/reports/model_h100_bf16/; grouped (MoE
 expert GEMMs), data/inputs/h200_bf16_grouped ->
 cutetune/data/cost_model_sm90_bf16_grouped.json.gz and data/reports/model_h200_bf16_grouped/
 (report.md, metrics.json, plots). The options are those of `cutetune train`. The grouped
@@ -39,6 +42,9 @@ SHIPPED = {
               "data/reports/model_h200_bf16", "dense", "data/inputs/h200_fp16"),
     "fp16": ("data/inputs/h200_fp16", f"cutetune/data/{model_file_name('sm90', 'fp16')}",
              "data/reports/model_h200_fp16", "dense", "data/inputs/h200_bf16"),
+    "h100": ("data/inputs/h100_bf16",
+             f"cutetune/data/h100_sxm/{model_file_name('sm90', 'bf16')}",
+             "data/reports/model_h100_bf16", "dense", "data/inputs/h100_fp16"),
     "grouped": ("data/inputs/h200_bf16_grouped",
                 f"cutetune/data/{model_file_name('sm90', 'bf16', 'grouped')}",
                 "data/reports/model_h200_bf16_grouped", "grouped", None),

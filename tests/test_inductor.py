@@ -248,6 +248,52 @@ def test_packaged_heuristics_ask_the_packaged_model_where_the_file_has_no_exact_
     assert hz.PackagedHeuristics().lookup(unseen) == grid_only.lookup(unseen)
 
 
+def test_a_device_measured_apart_answers_from_its_own_folder(tmp_path, monkeypatch):
+    """On a device with a folder of its own (cutetune/data/h100_sxm/), its file answers which
+    config or cuBLAS for the pairs it holds; the arch's files answer its other pairs, and
+    every pair on any other device. The device is asked once, at the first lookup."""
+    monkeypatch.setattr(hz, "DATA_DIR", tmp_path)
+    p, p16 = P(3000, 4096, 4096), P(3000, 4096, 4096, dtype="fp16", out_dtype="fp16")
+    hz.build(FakeModel(), "sm90", "bf16", grid=SMALL, problems=[p],
+             measured={p.key(): ((A,), False)}).save(hz.default_path("sm90", "bf16"))
+    hz.build(FakeModel(), "sm90", "fp16", grid=SMALL, problems=[p16],
+             measured={p16.key(): ((A,), False)}).save(hz.default_path("sm90", "fp16"))
+    arch_only = hz.PackagedHeuristics()
+    hz.build(FakeModel(), "sm90", "bf16", grid=SMALL, problems=[p],
+             measured={p.key(): ((B,), True)}).save(tmp_path / "h100_sxm" / hz.default_path(
+                 "sm90", "bf16").name)
+    asked = []
+
+    def h100():
+        asked.append(1)
+        return "NVIDIA H100 80GB HBM3"
+
+    ph = hz.PackagedHeuristics(device=h100)
+    assert ph.digest != arch_only.digest  # the device's files are in the cache key
+    assert ph.lookup(p) == ((B,), True) and ph.lookup(p16) == ((A,), False)
+    assert asked == [1]
+    assert idec.decide(p, "predicted", ph, 1).reason == "the model prefers cuBLAS"
+    for other in (None, "NVIDIA H200", "NVIDIA H100 PCIe"):  # the last: no spec, no guess
+        assert hz.PackagedHeuristics(device=other).lookup(p) == ((A,), False)
+
+    def no_cuda():
+        raise RuntimeError("CUDA driver initialization failed")
+
+    assert hz.PackagedHeuristics(device=no_cuda).lookup(p) == ((A,), False)
+
+
+def test_predicted_mode_asks_the_running_gpus_name_for_its_own_heuristics(monkeypatch):
+    """``enable()``'s default source takes the GPU's name from torch at its first lookup:
+    on an H100 the shipped H100 folder answers."""
+    monkeypatch.setattr(iin, "cuda_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    installation = iin.enable("predicted")
+    try:
+        source = ich._SOURCES[installation.factory.source]
+    finally:
+        installation.disable()
+    assert source._own is not None and source._own.folder.name == "h100_sxm"
+
+
 def test_the_shipped_predicted_source_ranks_unrecorded_shapes_with_the_shipped_model():
     """``enable("predicted")``'s default source: the shipped model's answer for a shape the
     shipped file has no exact entry for, the file's exact entry for a recorded one."""
@@ -1990,6 +2036,26 @@ def test_gpu_predicted_runs_the_packaged_triton_config_for_host_bound_mm():
     for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
         assert re.search(rf"\b{k}\s*:\s*tl\.constexpr\s*=\s*{want[k]}\b", code), k
     assert _rel_err(out, ref) < 2e-2
+
+
+@gpu
+def test_gpu_predicted_mode_answers_from_this_gpus_own_heuristics():
+    """Predicted mode's default source asks the running GPU's name at its first lookup: on a
+    GPU measured apart (an H100: cutetune/data/h100_sxm/) that GPU's file and model answer,
+    on any other the arch's."""
+    from cutetune.models.heuristics import DATA_DIR, PackagedHeuristics, device_folder
+
+    own = device_folder(DATA_DIR, torch.cuda.get_device_name())
+    installation = iin.enable("predicted")
+    try:
+        source = ich._SOURCES[installation.factory.source]
+    finally:
+        installation.disable()
+    for p in (P(4096, 14336, 4096), P(4096, 4096, 14336, a_major="m", b_major="n"),
+              P(333, 5000, 2000)):
+        want = (PackagedHeuristics(own) if own else PackagedHeuristics()).lookup(p)
+        assert source.lookup(p) == want
+    assert (source._own is not None) == (own is not None)
 
 
 TEMPLATE_CACHE_PROCESS = textwrap.dedent("""

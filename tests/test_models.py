@@ -672,6 +672,31 @@ def test_shipped_model_matches_this_cutetune():
     assert model.metadata["trained_on"]["sha256"]
 
 
+H100 = "NVIDIA H100 80GB HBM3"  # torch's name for it
+
+
+@pytest.mark.skipif(shipped_model_path(device=H100) == shipped_model_path(),
+                    reason="no model shipped for the H100 in this checkout")
+def test_predict_ranks_with_the_model_shipped_for_the_named_gpu(capsys):
+    """--device names the GPU: an H100 gets the model measured on it (features on its spec),
+    an H200, or no --device, the arch's; a GPU without a spec is refused by name."""
+    assert load_model(shipped_model_path(device=H100)).device.name == "H100_SXM"
+    assert shipped_model_path(device="H200") == shipped_model_path()
+    assert load_model().device.name == "H200"
+    args = ["predict", "--m", "4096", "--n", "4096", "--k", "14336", "--a-major", "m",
+            "--b-major", "n", "--json"]
+    out = {}
+    for device in ("H100", "H200", None):
+        assert main(args + (["--device", device] if device else [])) == 0
+        out[device] = json.loads(capsys.readouterr().out)["ranked"]
+    assert out["H200"] == out[None] != out["H100"]
+    for bad, says in ((["--device", "H100 PCIe"], "unknown device 'H100 PCIe'"),
+                      (["--device", "B200"], "--device B200 is an sm100 GPU, the problem sm90"),
+                      (["--device", "H100", "--model", "m.json"], "give one")):
+        assert main(args + bad) == 2
+        assert says in capsys.readouterr().err
+
+
 def _write_layouts(path, layouts, n: int = 12, configs: int = 8, dtype: str = "bf16",
                    seed: int = 1, device: str = SYNTHETIC_DEVICE) -> None:
     """Synthetic measurements of ``n`` random layers (drawn by ``seed``) in ``dtype`` and

@@ -8,9 +8,10 @@ import argparse
 import json
 
 from ..errors import UserError
-from ..models.artifact import ModelError, load_model
+from ..models.artifact import ModelError, load_model, shipped_model_path
 from ..models.kinds import kind_of
 from ..models.predict import read_configs
+from ..space.device import device_for
 from ..space.problem import GROUPED_GEMMS, GemmProblem, GroupedProblem, layout_name
 
 DENSE_ONLY = {"batch": 1, "a_major": "k", "b_major": "k"}  # option -> its default
@@ -38,7 +39,15 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     problem = _problem(args)
     kind = kind_of(problem)
-    model = load_model(args.model, problem.arch, problem.dtype, kind.name)
+    if args.device is not None:
+        if args.model:
+            raise UserError("--device picks a shipped model, --model names one: give one")
+        arch = device_for(args.device).arch  # ValueError naming the devices known
+        if arch != problem.arch:
+            raise UserError(f"--device {args.device} is an {arch} GPU, the problem {problem.arch}")
+    model = load_model(args.model or shipped_model_path(problem.arch, problem.dtype, kind.name,
+                                                        args.device),
+                       problem.arch, problem.dtype, kind.name)
     configs = read_configs(args.configs, problem.arch) if args.configs else None
     ranked = model.scored(problem, configs, args.top_k)
     one_model = model.timer is model.ranker
@@ -103,6 +112,10 @@ def register(subparsers) -> None:
     p.add_argument("--configs", metavar="FILE",
                    help="JSON list of configs (quack GemmConfig field names) to rank instead of "
                         "the whole valid space")
+    p.add_argument("--device", metavar="GPU",
+                   help="the GPU it runs on (H100, H200, or torch's name for it): the model "
+                        "shipped for that GPU where one was measured on it (default: the "
+                        "arch's, measured on an H200)")
     p.add_argument("--model", metavar="PATH",
                    help="model file (default: the shipped one of the problem's kind)")
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -19,7 +19,7 @@ from ... import settings
 from ...models.heuristics import Heuristics, ModelHeuristics, PackagedHeuristics
 from ..kernels import aot, grouped_mm, launcher, problems, quack_gemm, swiglu
 from ..kernels.helper import is_library, kernel_key, shared_prefetcher, start_for_this_gpu
-from ..kernels.problems import TORCH_DTYPE_OF
+from ..kernels.problems import TORCH_DTYPE_OF, cuda_device_name
 from . import choices as hook, grouped, template_cache
 from .choices import _SOURCES, ChoicesFactory, send_kernels
 from .decisions import REDUCED_TOP_K, decide_swiglu, host_bound_us, triton_takers
@@ -160,7 +160,7 @@ def prepare_fused_kernel(problem: GemmProblem, config: KernelConfig) -> None:
 def _resolve_source(model) -> str:
     """Register the heuristics behind ``model`` and return their digest."""
     if model is None:
-        h = PackagedHeuristics()
+        h = PackagedHeuristics(device=cuda_device_name)
     elif isinstance(model, (str, os.PathLike)):
         h = Heuristics.load(model)
     elif hasattr(model, "lookup"):

@@ -32,6 +32,12 @@ def device_arch(device: torch.device) -> str | None:
     return CAPABILITY_ARCH.get(torch.cuda.get_device_capability(device)[0])
 
 
+def cuda_device_name() -> str | None:
+    """The current CUDA device's name as torch gives it, None without CUDA (on a host of
+    mixed GPUs, the current one's, not necessarily that of a compiled graph's tensors)."""
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
 def _major(size, stride, dims: tuple[str, str], elem: int, operand: str) -> str:
     """Which of the last two dims is contiguous; the other's stride must be TMA-aligned."""
     align = TMA_ALIGN_BYTES // elem
