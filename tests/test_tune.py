@@ -257,3 +257,20 @@ def test_ranked_times_uses_the_ranker_order_on_the_timer_scale(encoding):
 
     got = RankedTimes(TwoHeaded()).predict_log_time(PROBLEM, configs)
     assert np.allclose(np.exp(got), [2.0, 4.0, 8.0, 1.0, 3.0])
+
+
+def test_the_gpu_backend_is_guided_by_the_model_shipped_for_the_gpu_that_measures(monkeypatch):
+    """tune --backend gpu without --model: on an H100 the H100's shipped model guides the
+    search (configs rank differently there), on other GPUs and in a replay the arch's."""
+    from argparse import Namespace
+
+    from cutetune.commands import tune
+    from cutetune.tuner.kernels import problems
+
+    def scorer_device(gpu: str, backend: str = "gpu") -> str:
+        monkeypatch.setattr(problems, "cuda_device_name", lambda: gpu)
+        return tune._scorer(Namespace(model=None, backend=backend), PROBLEM).model.device.name
+
+    assert scorer_device("NVIDIA H100 80GB HBM3") == "H100_SXM"
+    assert scorer_device("NVIDIA H200") == scorer_device("NVIDIA H100 80GB HBM3", "replay:x") \
+        == "H200"

@@ -39,11 +39,16 @@ def _backend(spec: str, replay_delay: float) -> tuple[str, BenchmarkBackend]:
 
 def _scorer(args, problem: GemmProblem):
     try:
-        from ..models import load_model
+        from ..models import load_model, shipped_model_path
     except ImportError as e:
         raise ValueError(f"the model strategy needs a trained cost model, and cutetune.models "
                          f"cannot load one here ({e})") from None
-    return RankedTimes(load_model(args.model, arch=problem.arch, dtype=problem.dtype))
+    path = args.model
+    if path is None and args.backend == "gpu":  # the model shipped for the GPU that measures
+        from ..tuner.kernels.problems import cuda_device_name
+
+        path = shipped_model_path(problem.arch, problem.dtype, device=cuda_device_name())
+    return RankedTimes(load_model(path, arch=problem.arch, dtype=problem.dtype))
 
 
 def run(args: argparse.Namespace) -> int:
