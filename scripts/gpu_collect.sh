@@ -4,7 +4,9 @@
 #   tests       GPU tests of the harness            -> $OUT/gpu_tests.log
 #   train       sampled configs on the train suite  -> dataset, until the deadline
 #   exhaustive  every valid config on 40 problems   -> dataset, until the deadline
-#   repeat      a fixed set measured again          -> second dataset (timing-noise report)
+#   repeat      a fixed set measured again          -> second dataset (timing-noise report);
+#               $REPEAT_N of the train suite's problems ($REPEAT_LAYOUTS their layouts, say mn),
+#               $REPEAT_CONFIGS (as the dataset drew them, say sample:150@300)
 #   layouts     the train suite's layers' GEMMs in the kn, mk and mn layouts (kn their input
 #               gradients, mn their weight gradients; $LAYOUTS, say kk, for others), sampled
 #               configs -> dataset h200_bf16 (each dense stage: h100_* on an H100, below)
@@ -145,7 +147,8 @@ for stage in "$@"; do
         --budget-s "$(left 60)" $([ -f $CG ] && echo --resume $CG) \
         $([ -n "${CG_RERUN:-}" ] && echo --rerun $CG_RERUN) 2>&1 | tail -n 30 ;;
     repeat)
-      python -m cutetune collect --problems train --configs sample:20 --limit-problems 30 \
+      python -m cutetune collect --problems train --configs "${REPEAT_CONFIGS:-sample:20}" \
+        --limit-problems "${REPEAT_N:-30}" ${REPEAT_LAYOUTS:+--layouts "$REPEAT_LAYOUTS"} \
         --out "$ROOT/${BF16}_repeat" --time-budget "$(left 30)" \
         --stats "$OUT/collect_repeat_stats.json" 2>&1 | tail -n 5 ;;
   esac

@@ -311,10 +311,12 @@ def test_the_shipped_predicted_source_ranks_unrecorded_shapes_with_the_shipped_m
     recorded = [GemmProblem.from_key(k) for k in shipped.exact]
     assert [source.lookup(p) for p in recorded] == [shipped.exact_pick(p) for p in recorded]
     assert any(shipped.exact_pick(p) != model.lookup(p) for p in recorded)
-    # the shipped models measured no batched GEMM: a bmm keeps cuBLAS, its ranking kept
-    bmm = P(4096, 4096, 128, batch=8)
+    # the fp16 model measured no batched GEMM: an fp16 bmm keeps cuBLAS, its ranking kept;
+    # the bf16 one measured the bmm suite, so its fallback decides there
+    bmm = P(4096, 4096, 128, batch=8, dtype="fp16")
     configs, aten = source.lookup(bmm)
-    assert aten and configs and not load_model().measured_layout(bmm)
+    assert aten and configs and not load_model(dtype="fp16").measured_layout(bmm)
+    assert load_model().measured_layout(P(4096, 4096, 128, batch=8))
 
 
 def test_cli_emit(tmp_path, monkeypatch):
