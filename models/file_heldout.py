@@ -95,9 +95,11 @@ def replay(data: Measurements, train_fold: Callable[[Measurements], object],
             problem, r = data.problems[p], slice(off[p], off[p + 1])
             measured, times = configs[r], data.time_ms[r]
             cell = grid.cell(problem)
-            file = ((float("nan"), True) if cell is None
-                    else _answer(model, cell, measured, times))
-            rows[p] = (*_answer(model, problem, measured, times), *file, cell == problem)
+            file_ms, file_aten = ((float("nan"), True) if cell is None
+                                  else _answer(model, cell, measured, times))
+            # as Heuristics.lookup: unbatched cells prefer cuBLAS for a batched problem
+            rows[p] = (*_answer(model, problem, measured, times), file_ms,
+                       file_aten or not grid.froze_batching(problem), cell == problem)
         if on_fold:
             on_fold()
     idx = sorted(rows)

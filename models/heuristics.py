@@ -126,6 +126,11 @@ class Grid:
             i = i * size + j
         return i
 
+    def froze_batching(self, p: GemmProblem) -> bool:
+        """Whether cells of ``p``'s kind, batched or not, hold answers: a grid of unbatched
+        cells froze none for a batched problem (its file then prefers cuBLAS there)."""
+        return p.batch == 1 or max(self.batch) > 1
+
     def cell(self, p: GemmProblem) -> GemmProblem | None:
         """The problem of the cell nearest ``p`` (what a file's lookup answers ``p`` with),
         None where that cell's shape is invalid for the majors."""
@@ -179,7 +184,7 @@ class Heuristics:
         if exact:
             return exact
         configs, aten = self._pick(self.cells[self.grid.index(problem)])
-        return configs, aten or (problem.batch > 1 and max(self.grid.batch) == 1)
+        return configs, aten or not self.grid.froze_batching(problem)
 
     def exact_pick(self, problem: GemmProblem) -> Pick | None:
         """``lookup``'s answer where the file has an exact entry for ``problem`` (a recorded

@@ -81,16 +81,19 @@ def main() -> None:
     noise = {}
     if args.repeat and Path(args.repeat).exists():
         first = {dataset.row_key(r): r["time_ms"] for r in rows if r["status"] == "ok"}
-        pairs = {}  # problem -> [(first time, repeat time, problem)]: its configs and baseline
-        for r in dataset.load(args.repeat).to_pylist():
-            if r["status"] == "ok" and dataset.row_key(r) in first:
-                pairs.setdefault(identity(r), []).append(
+        again = [r for r in dataset.load(args.repeat).to_pylist()
+                 if r["status"] == "ok" and dataset.row_key(r) in first]
+        diffs = [abs(r["time_ms"] - first[dataset.row_key(r)]) / first[dataset.row_key(r)]
+                 for r in again]
+        configs = {}  # problem -> [(first time, repeat time, problem)] of its quack configs
+        for r in again:
+            if r["backend"] == "quack":
+                configs.setdefault(identity(r), []).append(
                     (first[dataset.row_key(r)], r["time_ms"], dataset.problem_of(r)))
-        diffs = [abs(b - a) / a for v in pairs.values() for a, b, _ in v]
         if diffs:
             noise = {"pairs": len(diffs), "median_rel_diff": float(np.median(diffs)),
                      "p90_rel_diff": float(np.quantile(diffs, 0.9)), "max_rel_diff": float(max(diffs)),
-                     "first_best_in_repeat": repeat_top1(pairs)}
+                     "first_best_in_repeat": repeat_top1(configs)}
     ok_rows = [r for r in rows if r["status"] == "ok"]
     spread = np.array([(r["time_ms_p80"] - r["time_ms_p20"]) / r["time_ms"] for r in ok_rows])
     stats = {p.stem: json.loads(p.read_text()) for folder in args.stats
@@ -117,18 +120,19 @@ def main() -> None:
     print(out.with_suffix(".md").read_text())
 
 
-def repeat_top1(pairs: dict) -> dict:
-    """The first run's fastest of a problem's twice-measured entries, timed in the repeat,
-    over the repeat's fastest of them: the top-1 that timing noise alone allows, by layout."""
+def repeat_top1(configs: dict) -> dict:
+    """The first run's fastest of a problem's twice-measured configs, timed in the repeat,
+    over the repeat's fastest of them: the top-1 that timing noise alone allows, by layout
+    (the fewer configs a problem shares, the nearer 1)."""
     by_layout = {}
-    for v in pairs.values():
+    for v in configs.values():
         if len(v) > 1:
             a, b = np.array([x[0] for x in v]), np.array([x[1] for x in v])
             by_layout.setdefault(layout_name(v[0][2]), []).append(
                 (b.min() / b[a.argmin()], len(v)))
     def summary(vals):
         r = np.array([x for x, _ in vals])
-        return {"problems": len(r), "entries_median": float(np.median([n for _, n in vals])),
+        return {"problems": len(r), "configs_median": float(np.median([n for _, n in vals])),
                 "geomean": geomean(r), "p10": float(np.quantile(r, 0.1)), "min": float(r.min())}
     return {k: summary(v) for k, v in sorted(by_layout.items())}
 
@@ -176,10 +180,10 @@ def write_markdown(path: Path, rep: dict, args) -> None:
                      f"median relative difference {n['median_rel_diff']:.4f}, p90 "
                      f"{n['p90_rel_diff']:.4f}, max {n['max_rel_diff']:.4f}")
         for layout, t in n["first_best_in_repeat"].items():
-            lines.append(f"- {layout}: the first run's fastest, timed again, at {t['geomean']:.4f} "
-                         f"of the repeat's fastest of the same entries (P10 {t['p10']:.4f}, min "
+            lines.append(f"- {layout}: the first run's fastest config, timed again, at {t['geomean']:.4f} "
+                         f"of the repeat's fastest of the same configs (P10 {t['p10']:.4f}, min "
                          f"{t['min']:.4f}; {t['problems']} problems, median "
-                         f"{t['entries_median']:.0f} entries each)")
+                         f"{t['configs_median']:.0f} configs each)")
     w = rep["worst_over_best_exhaustive"]
     if w:
         lines.append(f"- worst over best config, exhaustive problems ({w['problems']}): geomean "

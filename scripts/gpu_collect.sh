@@ -6,7 +6,8 @@
 #   exhaustive  every valid config on 40 problems   -> dataset, until the deadline
 #   repeat      a fixed set measured again          -> second dataset (timing-noise report);
 #               $REPEAT_N of the train suite's problems ($REPEAT_LAYOUTS their layouts, say mn),
-#               $REPEAT_CONFIGS (as the dataset drew them, say sample:150@300)
+#               $REPEAT_CONFIGS (the spec the dataset drew those problems with, say
+#               sample:150@300: another spec draws other configs, and only shared ones compare)
 #   layouts     the train suite's layers' GEMMs in the kn, mk and mn layouts (kn their input
 #               gradients, mn their weight gradients; $LAYOUTS, say kk, for others), sampled
 #               configs -> dataset h200_bf16 (each dense stage: h100_* on an H100, below)

@@ -41,8 +41,8 @@ class ShapeModel:
         return problem.m >= 200
 
 
-def _data() -> Measurements:
-    problems = tuple(GemmProblem(m, 256, 256) for m in MS)
+def _data(batch: int = 1) -> Measurements:
+    problems = tuple(GemmProblem(m, 256, 256, batch) for m in MS)
     cols = {c: np.array([getattr(cfg, c) for _ in MS for cfg in (X, Y)]) for c in CONFIG_COLUMNS}
     return Measurements(cols, np.array([t for m in MS for t in TIMES[m][:2]]),
                         np.repeat(np.arange(len(MS)), 2), problems,
@@ -92,6 +92,20 @@ def test_a_file_that_answers_as_its_model_meets_the_targets():
     s = summarize(rep)
     assert s["file_top1_vs_model"] == 1.0 and s["on_grid"] == 4
     assert s["file"] == s["model"]
+
+
+def test_a_grid_without_batched_cells_prefers_cublas_for_a_batched_problem():
+    """As the file's lookup does: the model still decides, the file keeps cuBLAS."""
+    rep = replay(_data(batch=2), lambda sub: ShapeModel(),
+                 [(np.array([2, 3]), np.array([0, 1])), (np.array([0, 1]), np.array([2, 3]))],
+                 GRID)
+    assert rep.model_aten.tolist() == [False, False, False, True]
+    assert rep.file_aten.tolist() == [True] * 4
+    assert rep.layouts == ("kk bmm",) * 4
+    batched = replay(_data(batch=2), lambda sub: ShapeModel(),
+                     [(np.array([2, 3]), np.array([0, 1])), (np.array([0, 1]), np.array([2, 3]))],
+                     Grid(batch=(1, 2), m=(16, 256), n=(256,), k=(256,)))
+    assert batched.file_aten.tolist() == [False, False, True, True]  # its cells answer
 
 
 def test_summary_per_layout_scores_each_layouts_problems_alone():

@@ -313,10 +313,12 @@ def test_the_shipped_predicted_source_ranks_unrecorded_shapes_with_the_shipped_m
     assert any(shipped.exact_pick(p) != model.lookup(p) for p in recorded)
     # the fp16 model measured no batched GEMM: an fp16 bmm keeps cuBLAS, its ranking kept;
     # the bf16 one measured the bmm suite, so its fallback decides there
-    bmm = P(4096, 4096, 128, batch=8, dtype="fp16")
+    bmm = P(4096, 4096, 128, batch=8, dtype="fp16", out_dtype="fp16")
     configs, aten = source.lookup(bmm)
     assert aten and configs and not load_model(dtype="fp16").measured_layout(bmm)
-    assert load_model().measured_layout(P(4096, 4096, 128, batch=8))
+    bmm = P(3000, 5000, 6000, batch=3)
+    assert shipped.exact_pick(bmm) is None and load_model().measured_layout(bmm)
+    assert source.lookup(bmm) == model.lookup(bmm)
 
 
 def test_cli_emit(tmp_path, monkeypatch):
