@@ -103,7 +103,8 @@ def main() -> None:
         "problems_with_150_configs": len(sampled), "exhaustive_problems": len(exhaustive),
         "status": status, "failures": failures,
         "within_measurement_spread_p80_p20_over_median": {
-            "median": float(np.median(spread)), "p90": float(np.quantile(spread, 0.9))},
+            "median": float(np.median(spread)), "p90": float(np.quantile(spread, 0.9)),
+            "above_half": int((spread > 0.5).sum())},  # too unstable to rank configs by
         "repeat_noise": noise, "best_over_cublas_by_m": speed_table,
         "best_over_cublas_by_layout": {k: speed_summary(v) for k, v in sorted(by_layout.items())},
         "best_over_cublas_geomean": geomean([s for _, s, _ in speed]),
@@ -172,7 +173,8 @@ def write_markdown(path: Path, rep: dict, args) -> None:
         "## Timing noise",
         f"- spread within a measurement, (p80 - p20) / median: median "
         f"{rep['within_measurement_spread_p80_p20_over_median']['median']:.4f}, p90 "
-        f"{rep['within_measurement_spread_p80_p20_over_median']['p90']:.4f}",
+        f"{rep['within_measurement_spread_p80_p20_over_median']['p90']:.4f}; above 0.5 in "
+        f"{rep['within_measurement_spread_p80_p20_over_median']['above_half']} rows",
     ]
     n = rep["repeat_noise"]
     if n:
