@@ -23,6 +23,7 @@ from cutetune.models.evaluate import M_BUCKETS, bucket_name, geomean, m_bucket
 from cutetune.space import enumerate_configs
 from cutetune.models.kinds import kind_of
 from cutetune.space.problem import layout_name
+from cutetune.tuner.measure.timing import UNSTABLE_SPREAD
 
 
 def main() -> None:
@@ -104,7 +105,7 @@ def main() -> None:
         "status": status, "failures": failures,
         "within_measurement_spread_p80_p20_over_median": {
             "median": float(np.median(spread)), "p90": float(np.quantile(spread, 0.9)),
-            "above_half": int((spread > 0.5).sum())},  # too unstable to rank configs by
+            "above_half": int((spread > UNSTABLE_SPREAD).sum())},  # too unstable to rank by
         "repeat_noise": noise, "best_over_cublas_by_m": speed_table,
         "best_over_cublas_by_layout": {k: speed_summary(v) for k, v in sorted(by_layout.items())},
         "best_over_cublas_geomean": geomean([s for _, s, _ in speed]),

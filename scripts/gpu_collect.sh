@@ -18,9 +18,15 @@
 #   layouts_exhaustive  the exhaustive suite in those layouts ($EXH_LAYOUTS, default all three:
 #               each layout compiles its own kernels), every config
 #               -> h200_bf16
+#               (layouts, fp16_layouts and layouts_exhaustive: $LIMIT, say 170, keeps the suite's
+#               first problems, so that a call can finish a layout's quota before the next)
 #   bmm         the bmm suite (attention's batched GEMMs), sampled configs -> h200_bf16
 #   fp16        the train suite in fp16, sampled configs -> dataset h200_fp16
-#   fp16_layouts  the same in the kn, mk and mn layouts -> h200_fp16
+#   fp16_layouts  the same in the kn, mk and mn layouts ($LAYOUTS for others) -> h200_fp16
+#   unseen      random shapes no shipped model trained on (the random suite drawn with seed
+#               $UNSEEN_SEED, default 7; the train suite's are seed 0's), its first $LIMIT
+#               (default 40) in kk, kn, mk and mn, in $UNSEEN_DTYPE (default bf16), sampled
+#               configs -> h200_bf16_unseen (h200_fp16_unseen)
 #   gpu_tests   every test marked gpu               -> $OUT/gpu_tests_all.log
 #   grouped_tests  the grouped harness's GPU tests  -> $OUT/gpu_tests_grouped.log
 #   grouped_fwd    MoE forward GEMMs: every config of the cheaper ones
@@ -90,10 +96,12 @@ for stage in "$@"; do
         --time-budget "$(left $AFTER_TRAIN)" --stats "$OUT/collect_train_stats.json" 2>&1 | tail -n 30 ;;
     layouts)
       python -m cutetune collect --problems train --layouts "${LAYOUTS:-kn,mk,mn}" --configs sample:150@300 \
-        --out "$ROOT/$BF16" --time-budget "$(left 30)" --stats "$OUT/collect_layouts_stats.json" 2>&1 | tail -n 5 ;;
+        ${LIMIT:+--limit-problems "$LIMIT"} --out "$ROOT/$BF16" --time-budget "$(left 30)" \
+        --stats "$OUT/collect_layouts_stats.json" 2>&1 | tail -n 5 ;;
     layouts_exhaustive)
       python -m cutetune collect --problems exhaustive --layouts "${EXH_LAYOUTS:-kn,mk,mn}" --configs all --target-ms 1 \
-        --out "$ROOT/$BF16" --time-budget "$(left 30)" --stats "$OUT/collect_layouts_exh_stats.json" 2>&1 | tail -n 5 ;;
+        ${LIMIT:+--limit-problems "$LIMIT"} --out "$ROOT/$BF16" --time-budget "$(left 30)" \
+        --stats "$OUT/collect_layouts_exh_stats.json" 2>&1 | tail -n 5 ;;
     bmm)
       python -m cutetune collect --problems bmm --configs sample:150@300 \
         --out "$ROOT/$BF16" --time-budget "$(left 30)" --stats "$OUT/collect_bmm_stats.json" 2>&1 | tail -n 5 ;;
@@ -101,8 +109,14 @@ for stage in "$@"; do
       python -m cutetune collect --problems train --dtype fp16 --configs sample:150@300 \
         --out "$ROOT/$FP16" --time-budget "$(left 30)" --stats "$OUT/collect_fp16_stats.json" 2>&1 | tail -n 5 ;;
     fp16_layouts)
-      python -m cutetune collect --problems train --dtype fp16 --layouts kn,mk,mn --configs sample:150@300 \
-        --out "$ROOT/$FP16" --time-budget "$(left 30)" --stats "$OUT/collect_fp16_layouts_stats.json" 2>&1 | tail -n 5 ;;
+      python -m cutetune collect --problems train --dtype fp16 --layouts "${LAYOUTS:-kn,mk,mn}" \
+        --configs sample:150@300 ${LIMIT:+--limit-problems "$LIMIT"} --out "$ROOT/$FP16" \
+        --time-budget "$(left 30)" --stats "$OUT/collect_fp16_layouts_stats.json" 2>&1 | tail -n 5 ;;
+    unseen)
+      python -m cutetune collect --problems random --seed "${UNSEEN_SEED:-7}" --layouts kk,kn,mk,mn \
+        --dtype "${UNSEEN_DTYPE:-bf16}" --limit-problems "${LIMIT:-40}" --configs sample:150@300 \
+        --out "$ROOT/${GPU:-h200}_${UNSEEN_DTYPE:-bf16}_unseen" \
+        --time-budget "$(left 30)" --stats "$OUT/collect_unseen_stats.json" 2>&1 | tail -n 5 ;;
     exhaustive)
       python -m cutetune collect --problems exhaustive --configs all --target-ms 1 --out "$ROOT/$BF16" \
         --time-budget "$(left 90)" --stats "$OUT/collect_exhaustive_stats.json" 2>&1 | tail -n 30 ;;

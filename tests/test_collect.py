@@ -434,3 +434,51 @@ def test_relative_error_differences_a_slice_at_a_time(monkeypatch):
     zero = torch.zeros(2, 3)  # as a tensor's division by a zero norm
     assert math.isnan(timing.relative_error(zero, zero, torch.tensor(0.0)))
     assert timing.relative_error(zero + 1, zero, torch.tensor(0.0)) == math.inf
+
+
+def test_an_unstable_measurement_is_timed_again_and_the_tightest_try_kept(monkeypatch):
+    """Repeats that disagree (p80 - p20 above half the median) are timed again, up to the
+    policy's retimes; the row holds the tightest try, and a try that fails numerics fails it."""
+    from types import SimpleNamespace
+
+    from cutetune.tuner.measure import timing
+
+    bimodal, wider, tight = [4.0] * 3 + [30.0] * 7, [1.0] * 5 + [30.0] * 5, [5.0] * 9 + [5.5]
+    buf = SimpleNamespace(problem=GemmProblem(64, 64, 512))
+
+    def outcome(*tries, retimes=2):
+        script = iter(tries)
+        monkeypatch.setattr(timing, "time_launches", lambda fn, b, policy: next(script))
+        return timing.timed_outcome(None, buf, timing.TimingPolicy(retimes=retimes))
+
+    stable = outcome((tight, 1e-3))
+    assert (stable["retimes"], stable["time_ms"], stable["status"]) == (0, 5.0, "ok")
+    fixed = outcome((bimodal, 1e-3), (tight, 1e-3))
+    assert (fixed["retimes"], fixed["time_ms"], fixed["n_reps"]) == (1, 5.0, 10)
+    kept = outcome((bimodal, 1e-3), (wider, 1e-3), (bimodal, 1e-3))
+    assert kept["retimes"] == 2 and kept["time_ms"] == 30.0 and kept["time_ms_p20"] == 4.0
+    assert timing.spread(bimodal) < timing.spread(wider)
+    assert outcome((bimodal, 1e-3), retimes=0)["retimes"] == 0
+    bad = outcome((bimodal, 1e-3), (tight, float("nan")))
+    assert bad["status"] == "wrong_result" and "nan" in bad["error"]
+
+
+def unstable_measure(task):
+    """Rows as timing.measure returns them, each config's try count as its tile_n says."""
+    rows = [{**_row(task, c), "time_ms_p20": 1.0, "time_ms_p80": 1.2 if c.tile_n < 100 else 1.9,
+             "retimes": int(c.tile_n > 16)} for c in task.configs]
+    return [{**_row(task, None), "time_ms_p20": 1.0, "time_ms_p80": 1.1, "retimes": 0}] + rows
+
+
+def test_collect_counts_the_retimed_and_still_unstable_measurements(tmp_path):
+    import json
+
+    cfg_file = tmp_path / "configs.json"
+    picked = [c for c in _configs() if c.tile_n in (16, 64, 96, 128)]
+    cfg_file.write_text(json.dumps([c.to_dict() for c in picked]))
+    out = tmp_path / "ds"
+    stats = collect([("t", GemmProblem(256, 512, 1024))], str(cfg_file), str(out),
+                    compile_workers=1, cache_dir=str(tmp_path / "cache"),
+                    measure_fn=unstable_measure, gpu_init=fake_init, compile_fn=fake_compile)
+    assert (stats["retimed"], stats["unstable_after_retimes"]) == (3, 1)
+    assert "retimes" not in dataset.load(out).column_names

@@ -290,6 +290,7 @@ def collect(problems, configs_spec: str, out: str, *, seed: int = 0, time_budget
         "measurements_per_min": prog.measured / elapsed * 60,
         "kernels_compiled_per_min": c.compiled / elapsed * 60,
         "gpu_busy_fraction": c.gpu_busy_s / elapsed, "cache_misses": c.cache_misses,
+        "retimed": c.retimed, "unstable_after_retimes": c.unstable,
         "left_pending": pending, "time_budget_s": time_budget_s,
     }
     print(prog.line(pending, ex), file=sys.stderr)

@@ -18,7 +18,7 @@ from ...space.problem import GemmProblem
 
 from ..kernels.compile import compile_kernel, configure_gpu_blind, signature_class
 from .grouped import measure_grouped
-from .timing import MeasureTask, TimingPolicy, init_gpu_worker, measure
+from .timing import UNSTABLE_SPREAD, MeasureTask, TimingPolicy, init_gpu_worker, measure
 from .workers import IsolatedPool
 
 LOAD_COMPILED_S = 0.5  # a kernel load slower than this was compiled in-process (cache miss)
@@ -75,6 +75,8 @@ class Counters:
     compile_wall_s: float = 0.0  # when the last kernel finished compiling
     gpu_busy_s: float = 0.0
     cache_misses: int = 0
+    retimed: int = 0  # measurements timed again for their spread (timing.UNSTABLE_SPREAD)
+    unstable: int = 0  # of those, still above it after the last try
 
 
 class GpuExecutor:
@@ -129,6 +131,10 @@ class GpuExecutor:
     def _measured(self, job: _Job, rows: list[dict]) -> None:
         by_key = {c.short(): k for c, k in job.kernels.items()}
         for r in rows:
+            if r.pop("retimes", 0):
+                self.counters.retimed += 1
+                wide = (r["time_ms_p80"] - r["time_ms_p20"]) / r["time_ms"]
+                self.counters.unstable += wide > UNSTABLE_SPREAD
             if r["backend"] == "quack":
                 load_s = r.pop("load_s", None) or 0.0
                 self.counters.cache_misses += load_s > LOAD_COMPILED_S
