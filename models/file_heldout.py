@@ -55,6 +55,7 @@ class Replay:
     cublas_ms: np.ndarray
     on_grid: np.ndarray  # the problem is its own cell: the file answers as the model does
     layouts: tuple[str, ...]  # space.problem.layout_name of each problem
+    best_ms: np.ndarray  # the fastest measured config's
 
     def decision_ms(self, source: str) -> np.ndarray:
         """Measured ms of what predicted mode runs with ``source`` ("model" or "file")."""
@@ -99,15 +100,17 @@ def replay(data: Measurements, train_fold: Callable[[Measurements], object],
                                   else _answer(model, cell, measured, times))
             # as Heuristics.lookup: unbatched cells prefer cuBLAS for a batched problem
             rows[p] = (*_answer(model, problem, measured, times), file_ms,
-                       file_aten or not grid.froze_batching(problem), cell == problem)
+                       file_aten or not grid.froze_batching(problem), cell == problem,
+                       float(times.min()))
         if on_fold:
             on_fold()
     idx = sorted(rows)
-    model_ms, model_aten, file_ms, file_aten, on_grid = (np.array(c) for c in
-                                                          zip(*(rows[p] for p in idx)))
+    model_ms, model_aten, file_ms, file_aten, on_grid, best_ms = (
+        np.array(c) for c in zip(*(rows[p] for p in idx)))
     problems = [data.problems[p] for p in idx]
     return Replay(tuple(q.key() for q in problems), model_ms, model_aten, file_ms, file_aten,
-                  data.cublas_ms[idx], on_grid, tuple(layout_name(q) for q in problems))
+                  data.cublas_ms[idx], on_grid, tuple(layout_name(q) for q in problems),
+                  best_ms)
 
 
 def summarize(rep: Replay) -> dict:
@@ -141,6 +144,8 @@ def _ratios(rep: Replay) -> dict:
                  "file_without_pick": int((~picked).sum()),
                  "file_top1_vs_model": geomean(top1),
                  "file_top1_vs_model_min": float(top1.min()) if top1.size else float("nan"),
+                 "model_top1_vs_best": geomean(rep.best_ms / rep.model_ms),
+                 "model_top1_vs_best_p10": float(np.nanquantile(rep.best_ms / rep.model_ms, 0.1)),
                  "model_top1_vs_cublas": geomean(rep.cublas_ms / rep.model_ms),
                  "oracle_vs_cublas": geomean(rep.cublas_ms / rep.oracle_ms)}
     for source in ("file", "model"):

@@ -26,7 +26,8 @@
 #   unseen      random shapes no shipped model trained on (the random suite drawn with seed
 #               $UNSEEN_SEED, default 7; the train suite's are seed 0's), its first $LIMIT
 #               (default 40) in kk, kn, mk and mn, in $UNSEEN_DTYPE (default bf16), sampled
-#               configs -> h200_bf16_unseen (h200_fp16_unseen)
+#               configs -> h200_bf16_unseen (h200_fp16_unseen); scripts/score_models.py scores
+#               models on it
 #   gpu_tests   every test marked gpu               -> $OUT/gpu_tests_all.log
 #   grouped_tests  the grouped harness's GPU tests  -> $OUT/gpu_tests_grouped.log
 #   grouped_fwd    MoE forward GEMMs: every config of the cheaper ones

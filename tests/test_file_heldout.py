@@ -63,6 +63,7 @@ def test_replay_scores_the_files_cell_answer_against_the_models():
     # M 48: the model picks Y (1.0), the file its cell's (M 16) pick X (2.0)
     np.testing.assert_allclose(rep.model_ms, [1.0, 1.0, 1.1, 1.0])
     np.testing.assert_allclose(rep.file_ms, [1.0, 2.0, 1.1, 1.0])
+    np.testing.assert_allclose(rep.best_ms, [1.0, 1.0, 1.0, 1.0])
     # M 128: the file answers for its cell (M 256), where the model prefers cuBLAS
     assert rep.model_aten.tolist() == [False, False, False, True]
     assert rep.file_aten.tolist() == [False, False, True, True]
@@ -70,6 +71,7 @@ def test_replay_scores_the_files_cell_answer_against_the_models():
     s = summarize(rep)
     assert s["file_top1_vs_model"] == pytest.approx(0.5 ** 0.25)
     assert s["file_top1_vs_model_min"] == pytest.approx(0.5)
+    assert s["model_top1_vs_best"] == pytest.approx((1 / 1.1) ** 0.25)  # M 128: Y, not X
     # oracle min(model top-1, cuBLAS): 1.0, 1.0, 0.9, 1.0; decisions: file 1, 2, 0.9, 1 and
     # model 1, 1, 1.1, 1
     assert s["file"]["decision_vs_oracle"] == pytest.approx(0.5 ** 0.25)
@@ -114,7 +116,8 @@ def test_summary_per_layout_scores_each_layouts_problems_alone():
     rep = Replay(("a", "b", "c", "d"), model_ms=f([1.0, 1.0, 1.0, 1.0]),
                  model_aten=f([False] * 4), file_ms=f([1.0, 1.0, 2.0, 2.0]),
                  file_aten=f([False] * 4), cublas_ms=f([2.0, 2.0, 4.0, 4.0]),
-                 on_grid=f([True, True, False, False]), layouts=("kk", "kk", "mn", "mn"))
+                 on_grid=f([True, True, False, False]), layouts=("kk", "kk", "mn", "mn"),
+                 best_ms=f([1.0, 0.5, 1.0, 1.0]))
     s = summarize(rep)
     kk, mn = s["by_layout"]["kk"], s["by_layout"]["mn"]
     assert kk["problems"] == mn["problems"] == 2
@@ -122,6 +125,7 @@ def test_summary_per_layout_scores_each_layouts_problems_alone():
     assert mn["file"]["decision_vs_cublas"] == pytest.approx(2.0)
     assert mn["model"]["decision_vs_cublas"] == pytest.approx(4.0)
     assert s["file_top1_vs_model"] == pytest.approx(0.5 ** 0.5)  # the whole set: both
+    assert kk["model_top1_vs_best"] == pytest.approx(0.5 ** 0.5) and mn["model_top1_vs_best"] == 1.0
 
 
 def test_layout_name_reads_a_then_b_and_marks_batched_problems():
