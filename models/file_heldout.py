@@ -140,12 +140,15 @@ def _subset(rep: Replay, mask: np.ndarray) -> Replay:
 def _ratios(rep: Replay) -> dict:
     picked = np.isfinite(rep.file_ms)
     top1 = rep.model_ms[picked] / rep.file_ms[picked]
+    vs_best = rep.best_ms / rep.model_ms
+    vs_best = vs_best[np.isfinite(vs_best)]  # as geomean: a problem without a top-1 is left out
     out: dict = {"problems": len(rep.keys), "on_grid": int(rep.on_grid.sum()),
                  "file_without_pick": int((~picked).sum()),
                  "file_top1_vs_model": geomean(top1),
                  "file_top1_vs_model_min": float(top1.min()) if top1.size else float("nan"),
-                 "model_top1_vs_best": geomean(rep.best_ms / rep.model_ms),
-                 "model_top1_vs_best_p10": float(np.nanquantile(rep.best_ms / rep.model_ms, 0.1)),
+                 "model_top1_vs_best": geomean(vs_best),
+                 "model_top1_vs_best_p10": (float(np.quantile(vs_best, 0.1)) if vs_best.size
+                                            else float("nan")),
                  "model_top1_vs_cublas": geomean(rep.cublas_ms / rep.model_ms),
                  "oracle_vs_cublas": geomean(rep.cublas_ms / rep.oracle_ms)}
     for source in ("file", "model"):

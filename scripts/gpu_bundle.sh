@@ -12,6 +12,7 @@
 set -euo pipefail
 dest=${1:-.gpu3}
 two=$(mktemp -d)
+trap 'rm -rf "$two"' EXIT
 bash "$(dirname "$0")/../../shared/gpu-bundle/make-bundle.sh" "$two" > /dev/null
 cut=$(stat -c %s "$two/1/part.00")
 cat "$two/1/part.00" "$two/2/part.01" > "$two/whole"
@@ -26,10 +27,9 @@ if [ ! -f /tmp/gpu-site/.ready ]; then
   cat /tmp/gpu-bundle/piece.00 /tmp/gpu-bundle/piece.01 "\$_j/piece.02" > /tmp/gpu-bundle/whole || return 1
   head -c $cut /tmp/gpu-bundle/whole > /tmp/gpu-bundle/part.00
   tail -c +$((cut + 1)) /tmp/gpu-bundle/whole > "\$_j/part.01"
-  rm -f /tmp/gpu-bundle/whole
+  rm -f /tmp/gpu-bundle/whole /tmp/gpu-bundle/piece.0[01]
 fi
 source "\$_j/unpack.sh"
 unset _j
 JOIN
-rm -rf "$two"
 du -sh "$dest"/*

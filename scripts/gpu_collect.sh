@@ -75,6 +75,7 @@ resume() { [ -d "$ROOT/$1" ] && return; for d in data/inputs/$1 data/bench/$1; d
   [ -d "$d" ] && { cp -r "$d" "$ROOT/"; return; }; done; }
 case " $* " in *" train "*|*" exhaustive "*|*" layouts"*|*" bmm "*) resume $BF16 ;; esac
 case " $* " in *" fp16"*) resume $FP16 ;; esac
+case " $* " in *" unseen "*) resume "${GPU:-h200}_${UNSEEN_DTYPE:-bf16}_unseen" ;; esac
 PLAN=/tmp/grouped-plan
 # the grouped dataset, resumed from the committed one where this machine has none yet
 grouped_data() { [ -d "$ROOT/h200_bf16_grouped" ] || cp -r data/inputs/h200_bf16_grouped "$ROOT/"; }

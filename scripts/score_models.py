@@ -1,8 +1,8 @@
 """Dense model files scored as they are on measured problems (``models.file_heldout.replay``
 with every problem in one test split): each model's top-1 among a problem's measured configs
 against the fastest of them, and predicted mode's decision (its top-1 or cuBLAS) against
-cuBLAS, overall and per layout, with the dataset's times; the first two models also problem
-by problem.
+cuBLAS, overall, per layout and per problem; the first two models' decisions also against
+each other.
 
     python scripts/score_models.py DATASET --model NAME=PATH [--model NAME=PATH ...] --out FILE
 
@@ -35,9 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", action="append", required=True, metavar="NAME=PATH")
     ap.add_argument("--out", required=True, help="JSON result path")
     args = ap.parse_args(argv)
-    named = dict(m.split("=", 1) for m in args.model)
+    named = {}
+    for m in args.model:
+        name, sep, path = m.partition("=")
+        if not (sep and name and path) or name in named:
+            ap.error(f"--model {m!r}: give each model as a new NAME=PATH")
+        named[name] = path
     data = load_measurements(args.dataset, "dense")
     first = data.problems[0]
+    if len({(p.arch, p.dtype) for p in data.problems}) > 1:
+        ap.error(f"{args.dataset} mixes archs or dtypes: a model scores one of each")
     grid = Heuristics.load(default_path(first.arch, first.dtype)).grid
     every = [(np.array([], dtype=int), np.arange(data.n_problems))]
     result: dict = {"command": " ".join(["python scripts/score_models.py", *(argv or sys.argv[1:])]),

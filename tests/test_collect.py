@@ -459,15 +459,20 @@ def test_an_unstable_measurement_is_timed_again_and_the_tightest_try_kept(monkey
     assert kept["retimes"] == 2 and kept["time_ms"] == 30.0 and kept["time_ms_p20"] == 4.0
     assert timing.spread(bimodal) < timing.spread(wider)
     assert outcome((bimodal, 1e-3), retimes=0)["retimes"] == 0
+    assert kept["unstable"] and not fixed["unstable"]
     bad = outcome((bimodal, 1e-3), (tight, float("nan")))
     assert bad["status"] == "wrong_result" and "nan" in bad["error"]
+    wrong = outcome((bimodal, 1.0))  # failed numerics: not worth timing again
+    assert wrong["status"] == "wrong_result" and wrong["retimes"] == 0
+    worse = outcome((bimodal, 1e-3), (tight, float("inf")))
+    assert worse["status"] == "wrong_result" and "inf" in worse["error"]
 
 
 def unstable_measure(task):
-    """Rows as timing.measure returns them, each config's try count as its tile_n says."""
-    rows = [{**_row(task, c), "time_ms_p20": 1.0, "time_ms_p80": 1.2 if c.tile_n < 100 else 1.9,
-             "retimes": int(c.tile_n > 16)} for c in task.configs]
-    return [{**_row(task, None), "time_ms_p20": 1.0, "time_ms_p80": 1.1, "retimes": 0}] + rows
+    """Rows as timing.measure returns them, each config's tries as its tile_n says."""
+    rows = [{**_row(task, c), "retimes": int(c.tile_n > 16), "unstable": c.tile_n > 100}
+            for c in task.configs]
+    return [{**_row(task, None), "retimes": 0, "unstable": False}] + rows
 
 
 def test_collect_counts_the_retimed_and_still_unstable_measurements(tmp_path):
@@ -481,4 +486,4 @@ def test_collect_counts_the_retimed_and_still_unstable_measurements(tmp_path):
                     compile_workers=1, cache_dir=str(tmp_path / "cache"),
                     measure_fn=unstable_measure, gpu_init=fake_init, compile_fn=fake_compile)
     assert (stats["retimed"], stats["unstable_after_retimes"]) == (3, 1)
-    assert "retimes" not in dataset.load(out).column_names
+    assert not {"retimes", "unstable"} & set(dataset.load(out).column_names)

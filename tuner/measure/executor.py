@@ -18,7 +18,7 @@ from ...space.problem import GemmProblem
 
 from ..kernels.compile import compile_kernel, configure_gpu_blind, signature_class
 from .grouped import measure_grouped
-from .timing import UNSTABLE_SPREAD, MeasureTask, TimingPolicy, init_gpu_worker, measure
+from .timing import MeasureTask, TimingPolicy, init_gpu_worker, measure
 from .workers import IsolatedPool
 
 LOAD_COMPILED_S = 0.5  # a kernel load slower than this was compiled in-process (cache miss)
@@ -131,10 +131,10 @@ class GpuExecutor:
     def _measured(self, job: _Job, rows: list[dict]) -> None:
         by_key = {c.short(): k for c, k in job.kernels.items()}
         for r in rows:
+            unstable = r.pop("unstable", False)
             if r.pop("retimes", 0):
                 self.counters.retimed += 1
-                wide = (r["time_ms_p80"] - r["time_ms_p20"]) / r["time_ms"]
-                self.counters.unstable += wide > UNSTABLE_SPREAD
+                self.counters.unstable += unstable
             if r["backend"] == "quack":
                 load_s = r.pop("load_s", None) or 0.0
                 self.counters.cache_misses += load_s > LOAD_COMPILED_S

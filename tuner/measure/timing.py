@@ -251,30 +251,32 @@ def spread(times: list[float]) -> float:
 
 def timed_outcome(fn, buf: ProblemBuffers, policy: TimingPolicy) -> dict:
     """``time_launches`` as a row's outcome: status (ok, wrong_result past the dtype's error
-    bound, runtime_error when ``fn`` raises), error, median, p20, p80, repeats, relative
-    error, and ``retimes`` (how many more tries an unstable measurement took; the dataset
-    does not store it, ``collect``'s stats count it)."""
+    bound, runtime_error when ``fn`` raises, on any try), error, median, p20, p80, repeats,
+    relative error; and, for ``collect``'s stats (the dataset stores neither), ``retimes``
+    (how many more tries an unstable measurement took) and ``unstable`` (still so after)."""
     import torch
 
+    bound = REL_ERR_BOUND[buf.problem.out_dtype]
     try:
         times, err = time_launches(fn, buf, policy)
         tries = 0
-        while spread(times) > UNSTABLE_SPREAD and tries < policy.retimes:
+        # a wrong result is not worth timing again
+        while (spread(times) > UNSTABLE_SPREAD and tries < policy.retimes
+               and math.isfinite(err) and err <= bound):
             tries += 1
             again, err_again = time_launches(fn, buf, policy)
             times = min(times, again, key=spread)
-            err = max(err, err_again) if math.isfinite(err + err_again) else math.nan
+            err = math.nan if math.isnan(err_again) else max(err, err_again)
     except Exception as e:  # a config that raises is a data point, not the end of the run
         torch.cuda.synchronize()
         return {"status": "runtime_error", "error": f"{type(e).__name__}: {e}"[:1000]}
-    bound = REL_ERR_BOUND[buf.problem.out_dtype]
     ok = math.isfinite(err) and err <= bound
     return {"status": "ok" if ok else "wrong_result",
             "error": "" if ok else f"relative error {err:.3g} > {bound}",
             "time_ms": float(np.quantile(times, 0.5)),
             "time_ms_p20": float(np.quantile(times, 0.2)),
             "time_ms_p80": float(np.quantile(times, 0.8)), "n_reps": len(times), "rel_err": err,
-            "retimes": tries}
+            "retimes": tries, "unstable": spread(times) > UNSTABLE_SPREAD}
 
 
 def _measure_one(task: MeasureTask, backend: str, config, fn, buf) -> dict:
