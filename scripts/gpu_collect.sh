@@ -15,9 +15,9 @@
 #               draw each problem's 150 from 300 kernels per layout and dtype, sample:150@300,
 #               so that a fresh machine compiles about 880 kernels, not 3500, before the GPU
 #               measures at its own pace: data/reports/config_pool_compile_plan.json)
-#   layouts_exhaustive  the exhaustive suite in those layouts ($EXH_LAYOUTS, default all three:
-#               each layout compiles its own kernels), every config
-#               -> h200_bf16
+#   layouts_exhaustive  the exhaustive suite ($EXH_PROBLEMS another: it holds 18 problems valid
+#               in mk) in those layouts ($EXH_LAYOUTS, default all three: each layout compiles
+#               its own kernels), every config -> h200_bf16
 #               (layouts, fp16_layouts and layouts_exhaustive: $LIMIT, say 170, keeps the suite's
 #               first problems, so that a call can finish a layout's quota before the next)
 #   bmm         the bmm suite (attention's batched GEMMs), sampled configs -> h200_bf16
@@ -101,7 +101,8 @@ for stage in "$@"; do
         ${LIMIT:+--limit-problems "$LIMIT"} --out "$ROOT/$BF16" --time-budget "$(left 30)" \
         --stats "$OUT/collect_layouts_stats.json" 2>&1 | tail -n 5 ;;
     layouts_exhaustive)
-      python -m cutetune collect --problems exhaustive --layouts "${EXH_LAYOUTS:-kn,mk,mn}" --configs all --target-ms 1 \
+      python -m cutetune collect --problems "${EXH_PROBLEMS:-exhaustive}" --layouts "${EXH_LAYOUTS:-kn,mk,mn}" \
+        --configs all --target-ms 1 \
         ${LIMIT:+--limit-problems "$LIMIT"} --out "$ROOT/$BF16" --time-budget "$(left 30)" \
         --stats "$OUT/collect_layouts_exh_stats.json" 2>&1 | tail -n 5 ;;
     bmm)
