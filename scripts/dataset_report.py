@@ -174,7 +174,7 @@ def write_markdown(path: Path, rep: dict, args) -> None:
         "## Timing noise",
         f"- spread within a measurement, (p80 - p20) / median: median "
         f"{rep['within_measurement_spread_p80_p20_over_median']['median']:.4f}, p90 "
-        f"{rep['within_measurement_spread_p80_p20_over_median']['p90']:.4f}; above 0.5 in "
+        f"{rep['within_measurement_spread_p80_p20_over_median']['p90']:.4f}; above {UNSTABLE_SPREAD:g} in "
         f"{rep['within_measurement_spread_p80_p20_over_median']['above_half']} rows",
     ]
     n = rep["repeat_noise"]

@@ -25,9 +25,8 @@
 #   fp16_layouts  the same in the kn, mk and mn layouts ($LAYOUTS for others) -> h200_fp16
 #   unseen      random shapes no shipped model trained on (the random suite drawn with seed
 #               $UNSEEN_SEED, default 7; the train suite's are seed 0's), its first $LIMIT
-#               (default 40) in kk, kn, mk and mn, in $UNSEEN_DTYPE (default bf16), sampled
-#               configs -> h200_bf16_unseen (h200_fp16_unseen); scripts/score_models.py scores
-#               models on it
+#               (default 40) in kk, kn, mk and mn, sampled configs -> h200_bf16_unseen;
+#               scripts/score_models.py scores models on it
 #   gpu_tests   every test marked gpu               -> $OUT/gpu_tests_all.log
 #   grouped_tests  the grouped harness's GPU tests  -> $OUT/gpu_tests_grouped.log
 #   grouped_fwd    MoE forward GEMMs: every config of the cheaper ones
@@ -75,7 +74,7 @@ resume() { [ -d "$ROOT/$1" ] && return; for d in data/inputs/$1 data/bench/$1; d
   [ -d "$d" ] && { cp -r "$d" "$ROOT/"; return; }; done; }
 case " $* " in *" train "*|*" exhaustive "*|*" layouts"*|*" bmm "*) resume $BF16 ;; esac
 case " $* " in *" fp16"*) resume $FP16 ;; esac
-case " $* " in *" unseen "*) resume "${GPU:-h200}_${UNSEEN_DTYPE:-bf16}_unseen" ;; esac
+case " $* " in *" unseen "*) resume ${BF16}_unseen ;; esac
 PLAN=/tmp/grouped-plan
 # the grouped dataset, resumed from the committed one where this machine has none yet
 grouped_data() { [ -d "$ROOT/h200_bf16_grouped" ] || cp -r data/inputs/h200_bf16_grouped "$ROOT/"; }
@@ -117,8 +116,7 @@ for stage in "$@"; do
         --time-budget "$(left 30)" --stats "$OUT/collect_fp16_layouts_stats.json" 2>&1 | tail -n 5 ;;
     unseen)
       python -m cutetune collect --problems random --seed "${UNSEEN_SEED:-7}" --layouts kk,kn,mk,mn \
-        --dtype "${UNSEEN_DTYPE:-bf16}" --limit-problems "${LIMIT:-40}" --configs sample:150@300 \
-        --out "$ROOT/${GPU:-h200}_${UNSEEN_DTYPE:-bf16}_unseen" \
+        --limit-problems "${LIMIT:-40}" --configs sample:150@300 --out "$ROOT/${BF16}_unseen" \
         --time-budget "$(left 30)" --stats "$OUT/collect_unseen_stats.json" 2>&1 | tail -n 5 ;;
     exhaustive)
       python -m cutetune collect --problems exhaustive --configs all --target-ms 1 --out "$ROOT/$BF16" \
