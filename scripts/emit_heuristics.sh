@@ -3,12 +3,12 @@
 # model and the inputs under data/inputs/: the measured dataset, Inductor's Triton sweep and its
 # retimes, the step reports whose host times the launch costs hedge over, and the SwiGLU
 # benchmarks. Then the fp16 file (heuristics_sm90_fp16.json.gz, OUT16) from the fp16 model and
-# dataset alone: nothing Triton or SwiGLU was measured in fp16. Then the H100's own bf16 file
-# (h100_sxm/heuristics_sm90_bf16.json.gz, OUT100) from its model and dataset: on an H100 it
-# answers which config or cuBLAS, the H200 file the rest (PackagedHeuristics). data/inputs/
-# holds exactly what this script and scripts/train_cost_model.py read
-# (tests/test_data_layout.py checks it). Any CPU host (about 10 min on 2 cores); OUT defaults
-# to the shipped file, OUT16 and OUT100 to its folder's.
+# dataset alone: nothing Triton or SwiGLU was measured in fp16. Then the H100's own files
+# (h100_sxm/heuristics_sm90_{bf16,fp16}.json.gz, OUT100 and beside it) from its models and
+# datasets: on an H100 they answer which config or cuBLAS, the H200's files the rest
+# (PackagedHeuristics). data/inputs/ holds exactly what this script and
+# scripts/train_cost_model.py read (tests/test_data_layout.py checks it). Any CPU host (about
+# 13 min on 2 cores); OUT defaults to the shipped file, OUT16 and OUT100 to its folder's.
 # docs/reproduce.md lists what made each input.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,3 +36,5 @@ cutetune emit --model cutetune/data/cost_model_sm90_fp16.json.gz --dtype fp16 --
   --out "$OUT16"
 cutetune emit --model cutetune/data/h100_sxm/cost_model_sm90_bf16.json.gz --dataset $I/h100_bf16 \
   --out "$OUT100"
+cutetune emit --model cutetune/data/h100_sxm/cost_model_sm90_fp16.json.gz --dtype fp16 \
+  --dataset $I/h100_fp16 --out "$(dirname "$OUT100")/heuristics_sm90_fp16.json.gz"

@@ -1,7 +1,7 @@
 """Train a shipped cost model on its measured dataset and write its report.
 
-    python scripts/train_cost_model.py [--shipped dense|fp16|h100|grouped] [DATASET] [--out FILE]
-        [--report DIR] [train options]
+    python scripts/train_cost_model.py [--shipped dense|fp16|h100|h100_fp16|grouped] [DATASET]
+        [--out FILE] [--report DIR] [train options]
     python scripts/train_cost_model.py --shipped grouped --picks-only [--out FILE]
 
 Defaults per shipped model (``SHIPPED``): dense, data/inputs/h200_bf16, its fits joined by
@@ -11,7 +11,9 @@ data/inputs/h200_fp16, its fits joined by data/inputs/h200_bf16 (--also) ->
 cutetune/data/cost_model_sm90_fp16.json.gz and data/reports/model_h200_fp16/; h100 (dense, the
 H100's own: configs rank differently there), data/inputs/h100_bf16 joined by
 data/inputs/h100_fp16 -> cutetune/data/h100_sxm/cost_model_sm90_bf16.json.gz and
-data/reports/model_h100_bf16/; grouped (MoE
+data/reports/model_h100_bf16/; h100_fp16 (dense, the H100's fp16), data/inputs/h100_fp16
+joined by data/inputs/h100_bf16 -> cutetune/data/h100_sxm/cost_model_sm90_fp16.json.gz and
+data/reports/model_h100_fp16/; grouped (MoE
 expert GEMMs), data/inputs/h200_bf16_grouped ->
 cutetune/data/cost_model_sm90_bf16_grouped.json.gz and data/reports/model_h200_bf16_grouped/
 (report.md, metrics.json, plots). The options are those of `cutetune train`. The grouped
@@ -34,9 +36,9 @@ from cutetune.space.suites import MOE_MODELS, expert_gemm, expert_projections
 from cutetune.tuner.kernels.grouped_mm import RAGGED_RUNGS
 
 
-# shipped model -> (dataset, model file, report folder, kind, another dtype's data joining
-# its fits: the bf16 layouts that fp16 was not measured in; fp16's problems, which lift bf16's
-# held-out top-1 and P10 on two CV splits: data/reports/bf16_join_h200.json.gz)
+# shipped model -> (dataset, model file, report folder, kind, the same GPU's other dtype's data
+# joining its fits: bf16's ten times as many backward problems for fp16; fp16's problems, which
+# lift bf16's held-out top-1 and P10 on two CV splits: data/reports/bf16_join_h200.json.gz)
 SHIPPED = {
     "dense": ("data/inputs/h200_bf16", f"cutetune/data/{model_file_name('sm90', 'bf16')}",
               "data/reports/model_h200_bf16", "dense", "data/inputs/h200_fp16"),
@@ -45,6 +47,9 @@ SHIPPED = {
     "h100": ("data/inputs/h100_bf16",
              f"cutetune/data/h100_sxm/{model_file_name('sm90', 'bf16')}",
              "data/reports/model_h100_bf16", "dense", "data/inputs/h100_fp16"),
+    "h100_fp16": ("data/inputs/h100_fp16",
+                  f"cutetune/data/h100_sxm/{model_file_name('sm90', 'fp16')}",
+                  "data/reports/model_h100_fp16", "dense", "data/inputs/h100_bf16"),
     "grouped": ("data/inputs/h200_bf16_grouped",
                 f"cutetune/data/{model_file_name('sm90', 'bf16', 'grouped')}",
                 "data/reports/model_h200_bf16_grouped", "grouped", None),

@@ -284,7 +284,7 @@ def test_a_device_measured_apart_answers_from_its_own_folder(tmp_path, monkeypat
 
 def test_predicted_mode_asks_the_running_gpus_name_for_its_own_heuristics(monkeypatch):
     """``enable()``'s default source takes the GPU's name from torch at its first lookup:
-    on an H100 the shipped H100 folder answers."""
+    on an H100 the shipped H100 folder answers, bf16 and fp16 each from its own model."""
     monkeypatch.setattr(iin, "cuda_device_name", lambda: "NVIDIA H100 80GB HBM3")
     installation = iin.enable("predicted")
     try:
@@ -292,6 +292,8 @@ def test_predicted_mode_asks_the_running_gpus_name_for_its_own_heuristics(monkey
     finally:
         installation.disable()
     assert source._own is not None and source._own.folder.name == "h100_sxm"
+    pairs = {("sm90", "bf16"), ("sm90", "fp16")}
+    assert set(source._own.paths) == pairs == set(source._own.model_paths)
 
 
 def test_the_shipped_predicted_source_ranks_unrecorded_shapes_with_the_shipped_model():
