@@ -8,7 +8,7 @@
 # datasets: on an H100 they answer which config or cuBLAS, the H200's files the rest
 # (PackagedHeuristics). data/inputs/ holds exactly what this script and
 # scripts/train_cost_model.py read (tests/test_data_layout.py checks it). Any CPU host (about
-# 13 min on 2 cores); OUT defaults to the shipped file, OUT16 and OUT100 to its folder's.
+# 11 min on 2 cores); OUT defaults to the shipped file, OUT16 and OUT100 to its folder's.
 # docs/reproduce.md lists what made each input.
 set -euo pipefail
 cd "$(dirname "$0")/.."
