@@ -6,8 +6,8 @@ each other.
 
     python scripts/score_models.py DATASET --model NAME=PATH [--model NAME=PATH ...] --out FILE
 
-PATH "shipped" is the packaged model of the dataset's dtype (the H200's); the H100's is
-cutetune/data/h100_sxm/cost_model_sm90_bf16.json.gz. A model scored on problems it trained
+PATH "shipped" is the packaged model of the dataset's dtype (the H200's); the H100's are in
+cutetune/data/h100_sxm/ (cost_model_sm90_{bf16,fp16}.json.gz). A model scored on problems it trained
 on is flattered: gpu_collect.sh's unseen stage measures shapes in no shipped model's data.
 """
 
